@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The one command that passes the tests: sets up .venv, checks lint, runs the whole suite (slow tests included).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/python -m pytest "$@"

@@ -1,0 +1,128 @@
+"""Masked reductions and loss aggregation, the building blocks every formula in ``steadyrl.core`` uses.
+
+Values at masked-out positions may be anything (padding garbage, ``inf``, ``nan``): every helper selects with
+``torch.where`` instead of multiplying by the mask, so they never leak into a result or a gradient.
+No function here synchronizes with the host.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from steadyrl.core.types import LOG_RATIO_CLAMP
+
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = get_args(AggMode)
+
+
+def as_bool_mask(mask: Tensor) -> Bool[Tensor, "..."]:
+    """Return ``mask`` as a bool tensor (accepts bool, integer or 0/1 float masks)."""
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def where_masked(x: Tensor, mask: Tensor, fill: float = 0.0) -> Tensor:
+    """``x`` where ``mask`` holds, ``fill`` elsewhere (gradient-safe: masked positions get zero gradient)."""
+    return torch.where(mask, x, torch.full_like(x, fill))
+
+
+def masked_sum(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], dim: int | None = None) -> Tensor:
+    """Sum of ``x`` over masked-in positions (all dims when ``dim`` is None)."""
+    z = where_masked(x, mask)
+    return z.sum() if dim is None else z.sum(dim=dim)
+
+
+def masked_mean(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over masked-in positions; 0 (not NaN) where nothing is masked in."""
+    n = mask.sum() if dim is None else mask.sum(dim=dim)
+    return masked_sum(x, mask, dim) / n.clamp(min=1).to(x.dtype)
+
+
+def masked_max(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Tensor:
+    """Max of ``x`` over masked-in positions (0 when none)."""
+    m = torch.where(mask, x, torch.full_like(x, -torch.inf)).amax()
+    return torch.where(mask.any(), m, torch.zeros_like(m))
+
+
+def masked_min(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Tensor:
+    """Min of ``x`` over masked-in positions (0 when none)."""
+    m = torch.where(mask, x, torch.full_like(x, torch.inf)).amin()
+    return torch.where(mask.any(), m, torch.zeros_like(m))
+
+
+def lengths(mask: Bool[Tensor, "B T"]) -> Float[Tensor, " B"]:
+    """L_i: number of masked-in tokens of each sequence (float, for use as a divisor)."""
+    return mask.sum(dim=-1).to(torch.get_default_dtype())
+
+
+def clamp_log_ratio(log_ratio: Tensor, bound: float = LOG_RATIO_CLAMP) -> Tensor:
+    """Clamp a log-ratio to ±``bound`` before it is exponentiated (ALGORITHMS.md, log space)."""
+    return log_ratio.clamp(min=-bound, max=bound)
+
+
+def safe_exp(log_ratio: Tensor, bound: float = LOG_RATIO_CLAMP) -> Tensor:
+    """``exp(clamp(log_ratio, ±bound))``: a ratio materialized from a log-ratio without overflow."""
+    return torch.exp(clamp_log_ratio(log_ratio, bound))
+
+
+def seq_log_ratio(log_ratio: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, " B"]:
+    """S_i = Σ_t m_{i,t} ℓ_{i,t}: the sequence log-ratio (log of the product of token ratios)."""
+    return masked_sum(log_ratio, mask, dim=-1)
+
+
+def geo_log_ratio(log_ratio: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, " B"]:
+    """S̄_i = S_i / L_i: the geometric-mean log-ratio (0 for an empty sequence)."""
+    return masked_mean(log_ratio, mask, dim=-1)
+
+
+def broadcast_seq(x: Float[Tensor, " B"], like: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
+    """Broadcast a per-sequence value to every token of its sequence."""
+    return x.unsqueeze(-1).expand_as(like)
+
+
+def aggregate(
+    loss_tok: Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    mode: AggMode | str,
+    *,
+    norm_len: float | None = None,
+) -> Float[Tensor, ""]:
+    """Reduce per-token losses to the scalar loss (verl's ``loss_agg_mode`` names).
+
+    ====================================  =========================================================================
+    ``token-mean``                        Σ_{i,t} m ℓ / Σ_{i,t} m (every token weighs the same)
+    ``seq-mean-token-mean``               mean over non-empty sequences of (Σ_t m ℓ / L_i)
+    ``seq-mean-token-sum``                mean over non-empty sequences of Σ_t m ℓ
+    ``seq-mean-token-sum-norm``           Σ_{i,t} m ℓ / (B · norm_len), norm_len = T by default (Dr.GRPO,
+                                          arXiv 2503.20783; TRL's ``dr_grpo``. verl divides by ``norm_len`` only)
+    ====================================  =========================================================================
+
+    Sequences with no masked-in token (padding rows, rejected sequences) are left out of the sequence means.
+    With nothing masked in, the result is an exact 0 that keeps the graph (zero gradients).
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"loss aggregation mode {mode!r} is not one of {', '.join(AGG_MODES)}")
+    if mode == "token-mean":
+        return masked_sum(loss_tok, mask) / mask.sum().clamp(min=1).to(loss_tok.dtype)
+    if mode == "seq-mean-token-sum-norm":
+        B, T = loss_tok.shape
+        denom = B * (float(T) if norm_len is None else float(norm_len))
+        return masked_sum(loss_tok, mask) / max(denom, 1.0)
+    seq_sum = masked_sum(loss_tok, mask, dim=-1)
+    L = mask.sum(dim=-1)
+    per_seq = seq_sum / L.clamp(min=1).to(loss_tok.dtype) if mode == "seq-mean-token-mean" else seq_sum
+    nonempty = L > 0
+    return where_masked(per_seq, nonempty).sum() / nonempty.sum().clamp(min=1).to(loss_tok.dtype)
+
+
+def all_masked_flag(mask: Bool[Tensor, "..."]) -> Float[Tensor, ""]:
+    """Metric ``loss/all_masked``: 1.0 when no token is trainable, else 0.0 (a tensor; no host sync)."""
+    return (~mask.any()).to(torch.get_default_dtype())
+
+
+def detach_metrics(metrics: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Detach every metric tensor (metrics never carry a graph)."""
+    return {k: v.detach() for k, v in metrics.items()}
