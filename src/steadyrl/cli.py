@@ -1,0 +1,53 @@
+"""The ``steadyrl`` command: a thin dispatcher to each subcommand's ``main``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _methods(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="steadyrl methods", description="List every method steadyrl implements.")
+    parser.add_argument("--json", action="store_true", help="print a JSON list (name, summary, paper, confidence...)")
+    args = parser.parse_args(argv)
+    from steadyrl.methods.catalog import format_catalog
+
+    print(format_catalog(as_json=args.json))
+    return 0
+
+
+def _train(argv: list[str]) -> int:
+    from steadyrl.train.entry import main as train_main
+
+    return train_main(argv)
+
+
+COMMANDS = {
+    "methods": (_methods, "list the methods (objectives, corrections, baselines, controllers) and their papers"),
+    "train": (_train, "RL-train a causal LM on a verifiable task at a chosen policy lag"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``steadyrl`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: steadyrl <command> [args]\n\ncommands:")
+        for name, (_, help_text) in COMMANDS.items():
+            print(f"  {name:<10} {help_text}")
+        print("\nRun `steadyrl <command> --help` for the options of a command.")
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from steadyrl import __version__
+
+        print(f"steadyrl {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"steadyrl: unknown command {name!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    return COMMANDS[name][0](rest)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,276 @@
+"""The catalog: every named method of ALGORITHMS.md as a preset, and the rule that composes them (``seq_tis+gac``).
+
+A preset sets only the components it is about (its ``fields``); everything else keeps the ``MethodSpec`` default
+(GRPO advantages, PPO-clip objective, token-mean, no correction). Composing presets merges their fields:
+corrections and controllers are concatenated; a singular component (advantage, objective, agg, ...) set by two presets
+to different values is an error naming both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Confidence = Literal["exact", "reference-code", "reconstructed"]
+
+#: Source of the rollout-correction presets that have no paper of their own.
+_VERL_RC = "verl rollout correction (rollout_corr); truncated IS after Yao et al. 2025 (blog, no arXiv id)"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One catalog entry: a name, what it is, where it comes from, and the spec fields it sets."""
+
+    name: str
+    summary: str
+    paper: str | None
+    confidence: Confidence
+    fields: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+
+PRESETS: tuple[Preset, ...] = (
+    Preset(
+        "grpo",
+        "GRPO: group-relative advantages, PPO-clip on π_θ/π_prox, no behavior correction (the staleness baseline)",
+        "2402.03300",
+        "exact",
+        {"agg": "seq-mean-token-mean"},
+    ),
+    Preset(
+        "dr_grpo",
+        "Dr.GRPO: no std division, token sums normalized by a constant length",
+        "2503.20783",
+        "exact",
+        {"advantage": {"type": "grpo", "scale": "none"}, "agg": "seq-mean-token-sum-norm"},
+    ),
+    Preset(
+        "ppo",
+        "PPO-clip with clip-higher and dual clip available, group advantages, token-mean, no behavior correction",
+        "1707.06347",
+        "exact",
+        {"objective": {"type": "ppo_clip"}, "agg": "token-mean"},
+    ),
+    Preset(
+        "gspo",
+        "GSPO: sequence-level geometric-mean PPO ratio with a narrow two-sided clip",
+        "2507.18071",
+        "reference-code",
+        {"objective": {"type": "gspo"}, "agg": "seq-mean-token-mean"},
+    ),
+    Preset(
+        "token_tis",
+        "Token-level truncated importance sampling min(π_prox/μ, 2) on PPO-clip",
+        None,
+        "reference-code",
+        {"corrections": [{"type": "token_tis"}]},
+
+        source=_VERL_RC,
+    ),
+    Preset(
+        "seq_tis",
+        "Sequence-level truncated importance sampling min(Π_t π_prox/μ, 8), REINFORCE-style (VCPO's baseline)",
+        "2602.17616",
+        "exact",
+        {"corrections": [{"type": "seq_tis"}], "objective": {"type": "reinforce"}, "agg": "seq-mean-token-mean"},
+    ),
+    Preset(
+        "token_mis",
+        "Token-level masked importance sampling: drop tokens whose ratio is outside [0.5, 2]",
+        None,
+        "reference-code",
+        {"corrections": [{"type": "token_mis"}]},
+
+        source=_VERL_RC,
+    ),
+    Preset(
+        "seq_mis",
+        "Sequence-level masked importance sampling: drop sequences whose ratio is outside [0.5, 2]",
+        None,
+        "reference-code",
+        {"corrections": [{"type": "seq_mis"}]},
+
+        source=_VERL_RC,
+    ),
+    Preset(
+        "geo_mis",
+        "Geometric-mean masked IS: drop sequences whose per-token geometric ratio is outside [0.999, 1.001]",
+        None,
+        "reference-code",
+        {"corrections": [{"type": "geo_mis"}]},
+
+        source=_VERL_RC,
+    ),
+    Preset(
+        "icepop",
+        "IcePop: token ratios outside [0.5, 5] are masked, kept tokens weighted by their ratio",
+        "2510.18855",
+        "reference-code",
+        {"corrections": [{"type": "icepop"}]},
+    ),
+    Preset(
+        "token_veto",
+        "Token veto: drop a sequence if any token ratio is below 1e-4",
+        None,
+        "reference-code",
+        {"corrections": [{"type": "token_veto"}]},
+
+        source=_VERL_RC,
+    ),
+    Preset(
+        "rejection",
+        "Rejection on a divergence estimator: drop sequences whose mean k3 KL(μ‖π_prox) exceeds 0.01",
+        None,
+        "reference-code",
+        {"corrections": [{"type": "rejection"}]},
+
+        source=_VERL_RC,
+    ),
+    Preset(
+        "opsm",
+        "Off-policy sequence masking (DeepSeek-V3.2): drop negative-advantage sequences far from the behavior policy",
+        "2512.02556",
+        "reference-code",
+        {"corrections": [{"type": "opsm"}]},
+    ),
+    Preset(
+        "decoupled_ppo",
+        "AReaL decoupled PPO: weight π_prox/μ (tokens above 5 masked), PPO-clip on π_θ/π_prox, π_prox recomputed",
+        "2505.24298",
+        "reference-code",
+        {
+            "corrections": [{"type": "token_mis", "lower": None, "upper": 5.0, "weight": "ratio"}],
+            "objective": {"type": "ppo_clip"},
+            "recompute_prox": True,
+        },
+    ),
+    Preset(
+        "m2po",
+        "M2PO (masking, AReaL): drop the highest-δ² tokens until the second moment of log(μ/π_prox) is below 0.04",
+        "2510.01161",
+        "reference-code",
+        {"corrections": [{"type": "m2po_mask"}]},
+    ),
+    Preset(
+        "m2po_clip",
+        "M2PO (clip narrowing, authors' code): narrow the PPO clip range until the second-moment budget holds",
+        "2510.01161",
+        "reference-code",
+        {"objective": {"type": "m2po_clip"}},
+    ),
+    Preset(
+        "tic_grpo",
+        "TIC-GRPO: one trajectory-level ratio with gradient in place of token ratios, clipped",
+        "2508.02833",
+        "reconstructed",
+        {"objective": {"type": "tic_grpo"}},
+    ),
+    Preset(
+        "gmc_grpo",
+        "GMC-GRPO: sequence weights whose group mean is capped at 1+ε, relative weights inside the group kept",
+        "2610.01896",
+        "reconstructed",
+        {"objective": {"type": "gmc_grpo"}, "agg": "seq-mean-token-mean"},
+    ),
+    Preset(
+        "vcpo",
+        "VCPO: sequence TIS (8) + off-policy optimal baseline + ESS-scaled step size, REINFORCE-style",
+        "2602.17616",
+        "exact",
+        {
+            "advantage": {"type": "opob"},
+            "corrections": [{"type": "seq_tis", "cap": 8.0}],
+            "objective": {"type": "reinforce"},
+            "agg": "seq-mean-token-mean",
+            "controllers": [{"type": "ess_lr"}],
+        },
+    ),
+    Preset(
+        "ess_lr",
+        "VCPO's ESS-scaled step size alone: lr · sqrt(min(1, ESS/B)) for the step (compose: seq_tis+ess_lr)",
+        "2602.17616",
+        "exact",
+        {"controllers": [{"type": "ess_lr"}]},
+    ),
+    Preset(
+        "opob",
+        "VCPO's off-policy optimal baseline alone (needs per-trajectory squared gradient norms)",
+        "2602.17616",
+        "exact",
+        {"advantage": {"type": "opob"}},
+    ),
+    Preset(
+        "gac",
+        "Gradient alignment control: project out (or skip) the component aligned with the previous gradient",
+        "2603.01501",
+        "reconstructed",
+        {"controllers": [{"type": "gac"}]},
+    ),
+    Preset(
+        "oapl",
+        "OAPL: squared regression of β2·log(π_θ/μ) onto R − V̂*, no importance ratio; lagged inference policy",
+        "2602.19362",
+        "reference-code",
+        {"objective": {"type": "oapl"}},
+    ),
+    Preset(
+        "vaco",
+        "VACO: drop samples whose TV step would grow past δ = 0.2 in the direction of their advantage",
+        "2603.01365",
+        "reconstructed",
+        {"corrections": [{"type": "vaco_filter"}]},
+    ),
+    Preset(
+        "copc",
+        "COPC: actor masked to π_θ/μ ∈ [0.5, 2], critic TD advantages with a two-sided clipped ratio",
+        "2610.09597",
+        "reconstructed",
+        {"advantage": {"type": "copc"}, "corrections": [{"type": "copc_mask"}]},
+    ),
+    Preset(
+        "estr",
+        "ESTR: keep tokens whose squared log-ratio is small relative to the behavior entropy, PPO-clip on them",
+        "2607.22186",
+        "reconstructed",
+        {"corrections": [{"type": "estr"}]},
+    ),
+    Preset(
+        "prefix_ratio",
+        "Prefix-normalized ratio: token weight exp(mean of the log-ratios up to t)",
+        "2608.01418",
+        "reconstructed",
+        {"corrections": [{"type": "prefix_ratio"}]},
+    ),
+    Preset(
+        "kl_in_reward",
+        "Reference-model KL subtracted from the reward per token (β = 0.001)",
+        "2203.02155",
+        "exact",
+        {"kl": {"type": "in_reward"}},
+    ),
+    Preset(
+        "kl_in_loss",
+        "Reference-model KL (low-variance k3) added to the loss",
+        "2402.03300",
+        "exact",
+        {"kl": {"type": "in_loss"}},
+    ),
+    Preset(
+        "otb",
+        "Optimal token baseline: per-position baseline weighted by the cumulative gradient-norm proxy",
+        "2602.07078",
+        "reference-code",
+        {"advantage": {"type": "otb"}},
+    ),
+    Preset(
+        "bypass",
+        "verl bypass mode: no proximal recompute, π_prox := μ, so the PPO ratio is π_θ/μ",
+        None,
+        "reference-code",
+        {"policy": "bypass"},
+
+        source=_VERL_RC,
+    ),
+)
+
+PRESETS_BY_NAME: dict[str, Preset] = {p.name: p for p in PRESETS}

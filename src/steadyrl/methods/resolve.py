@@ -1,0 +1,136 @@
+"""Turn a method name (``"seq_tis"``), a composition (``"seq_tis+gac"``) and ``key=value`` overrides into a validated
+:class:`~steadyrl.methods.spec.MethodSpec`, with errors that name the field and the allowed values."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from steadyrl.methods.presets import PRESETS_BY_NAME
+from steadyrl.methods.spec import MethodSpec
+
+_LIST_FIELDS = ("corrections", "controllers")
+_COMPONENT_FIELDS = ("advantage", "objective", "kl")
+
+
+def _suggest(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _merge(names: list[str]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for name in names:
+        for key, value in PRESETS_BY_NAME[name].fields.items():
+            if key in _LIST_FIELDS:
+                merged.setdefault(key, [])
+                merged[key] = merged[key] + copy.deepcopy(list(value))
+            elif key in merged and merged[key] != value:
+                raise ValueError(
+                    f"cannot compose {origin[key]!r} with {name!r}: both set {key!r} "
+                    f"({merged[key]!r} vs {value!r}); override it explicitly instead"
+                )
+            else:
+                merged[key] = copy.deepcopy(value)
+                origin[key] = name
+    return merged
+
+
+def _apply_override(fields: dict[str, Any], key: str, value: Any) -> None:
+    head, _, rest = key.partition(".")
+    top = set(MethodSpec.model_fields) - {"name"}
+    if head in top and head not in _LIST_FIELDS:
+        if head in _COMPONENT_FIELDS and rest:
+            comp = dict(fields.get(head) or {})
+            if rest == "type":
+                comp = {"type": value}
+            else:
+                comp.setdefault("type", MethodSpec.model_fields[head].get_default(call_default_factory=True).type)
+                comp[rest] = value
+            fields[head] = comp
+        elif rest:
+            raise ValueError(f"method option {key!r}: {head!r} has no sub-fields")
+        else:
+            fields[head] = value
+        return
+    # Address a correction or controller by its type name: seq_tis.cap=4, ess_lr.rho_base=0.55
+    for list_field in _LIST_FIELDS:
+        for comp in fields.get(list_field, []):
+            if comp.get("type") == head:
+                if not rest:
+                    raise ValueError(f"method option {key!r} needs a field, e.g. {head}.<field>=<value>")
+                comp[rest] = value
+                return
+    present = [c["type"] for lf in _LIST_FIELDS for c in fields.get(lf, [])]
+    valid = sorted((top - set(_LIST_FIELDS)) | set(present))
+    raise ValueError(
+        f"unknown method option {key!r}{_suggest(head, valid)}; valid prefixes for this method: {', '.join(valid)}"
+    )
+
+
+def _format_validation(spec_name: str, err: ValidationError) -> str:
+    lines = [f"invalid method {spec_name!r}:"]
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        lines.append(f"  {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def resolve_method(spec: str | MethodSpec, overrides: Mapping[str, Any] | None = None) -> MethodSpec:
+    """Build a validated method from a preset name or ``a+b`` composition plus dotted overrides.
+
+    Overrides address top-level fields (``agg``, ``policy``), single components (``objective.clip_high``,
+    ``advantage.scale``, ``objective.type``) or a correction/controller by its type (``seq_tis.cap``,
+    ``ess_lr.rho_base``). Raises ``ValueError`` naming the offending name or field and what is allowed.
+    """
+    if isinstance(spec, MethodSpec):
+        if not overrides:
+            return spec
+        fields = spec.model_dump(exclude={"name"})
+        name = spec.name
+    else:
+        name = spec.strip()
+        parts = [p.strip() for p in name.split("+")]
+        for part in parts:
+            if part not in PRESETS_BY_NAME:
+                raise ValueError(
+                    f"unknown method {part!r}{_suggest(part, list(PRESETS_BY_NAME))}; "
+                    f"known methods: {', '.join(PRESETS_BY_NAME)} (compose with '+', e.g. seq_tis+gac)"
+                )
+        if len(set(parts)) != len(parts):
+            raise ValueError(f"method {name!r} lists a preset twice")
+        fields = _merge(parts)
+    for key, value in (overrides or {}).items():
+        _apply_override(fields, key, value)
+    try:
+        return MethodSpec.model_validate({"name": name, **fields})
+    except ValidationError as err:
+        raise ValueError(_format_validation(name, err)) from None
+
+
+def required_inputs(method: MethodSpec) -> tuple[str, ...]:
+    """Batch keys the loss of ``method`` needs beyond ``logp``, ``behav_logp`` and ``mask`` (derived from its spec)."""
+    needs: list[str] = []
+    adv = method.advantage.type
+    if adv == "given":
+        needs.append("advantages")
+    elif adv == "opob":
+        needs += ["rewards", "group_ids", "grad_sq_norms"]
+    elif adv == "copc":
+        needs += ["rewards", "values"]
+    elif adv == "otb":
+        needs += ["rewards", "group_ids", "sum_p2"]
+    else:
+        needs += ["rewards", "group_ids"]
+    if method.objective.type in ("oapl", "gmc_grpo"):
+        needs += ["rewards", "group_ids"]
+    if any(c.type == "estr" for c in method.corrections):
+        needs.append("behav_entropy")
+    if method.kl.type != "none":
+        needs.append("ref_logp")
+    return tuple(dict.fromkeys(needs))
