@@ -22,8 +22,15 @@ def _train(argv: list[str]) -> int:
     return train_main(argv)
 
 
+def _demo(argv: list[str]) -> int:
+    from steadyrl.demo import main as demo_main
+
+    return demo_main(argv)
+
+
 COMMANDS = {
     "methods": (_methods, "list the methods (objectives, corrections, baselines, controllers) and their papers"),
+    "demo": (_demo, "every method's loss on synthetic stale rollouts at several lags (seconds, no model)"),
     "train": (_train, "RL-train a causal LM on a verifiable task at a chosen policy lag"),
 }
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -14,6 +14,7 @@ from steadyrl.methods.spec import GAC, EssStepSize, MethodSpec
 SKIP_STEP = "control/skip_step"
 
 
+@runtime_checkable
 class Controller(Protocol):
     """A step-level hook around ``optimizer.step()``."""
 

@@ -1,0 +1,213 @@
+"""KL estimators k1, k2, k3 (Schulman, "Approximating KL divergence", 2020) in their two uses.
+
+1. **Mismatch diagnostic** KL(μ ‖ π_prox), estimated from samples of μ with x = ℓ = log π_prox − log μ
+   (:func:`mismatch_kl`; detached, a metric or a rejection statistic).
+2. **Reference penalty** KL(π_θ ‖ π_ref), estimated from samples of the policy with x = log π_ref − log π_θ
+   (:func:`reference_kl`, with gradient through ``logp``; :func:`kl_in_reward`, detached, subtracted from the reward).
+
+ALGORITHMS.md "KL estimators" [reference-code: verl ``kl_penalty``, AReaL]. Every ``exp`` is guarded by the ±20
+log clamp (``masking.safe_exp``), so ±1000 log-ratios give finite values and gradients. Masked-out positions are
+replaced by x = 0 *before* any arithmetic, so garbage there reaches neither a value nor a gradient; per-token outputs
+are 0 outside the mask.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, get_args
+
+import torch
+from jaxtyping import Bool, Float, Shaped
+from torch import Tensor
+
+from steadyrl.core.masking import aggregate, as_bool_mask, detach_metrics, masked_mean, safe_exp, where_masked
+from steadyrl.core.types import Metrics
+from steadyrl.core.weights import check_choice
+
+KLConvention = Literal["verl", "areal"]
+MismatchKind = Literal["k1", "k2", "k3"]
+RefKLKind = Literal["k1", "k2", "k3", "abs", "low_var_kl"]
+KL_CONVENTIONS: tuple[str, ...] = get_args(KLConvention)
+MISMATCH_KINDS: tuple[str, ...] = get_args(MismatchKind)
+REF_KL_KINDS: tuple[str, ...] = get_args(RefKLKind)
+
+#: verl ``low_var_kl`` and AReaL clamp the k3 reference penalty to [−10, 10].
+LOW_VAR_KL_CLAMP: float = 10.0
+#: KL-in-reward coefficient β (VCPO's ablation).
+KL_IN_REWARD_BETA: float = 0.001
+
+
+class KLEstimators(NamedTuple):
+    """Elementwise k1, k2, k3 of one log-ratio (same shape as the input)."""
+
+    k1: Tensor
+    k2: Tensor
+    k3: Tensor
+
+
+class MismatchKL(NamedTuple):
+    """Per-token mismatch estimators (0 outside the mask) and their masked token means as metrics.
+
+    ``metrics``: ``kl/k1``, ``kl/k2``, ``kl/k3`` (token means over masked tokens, detached).
+    """
+
+    k1: Float[Tensor, "B T"]
+    k2: Float[Tensor, "B T"]
+    k3: Float[Tensor, "B T"]
+    metrics: Metrics
+
+
+class RefKL(NamedTuple):
+    """Per-token reference penalty k_t (with gradient through ``logp``; 0 outside the mask) and metrics.
+
+    ``metrics``: ``kl/ref_mean`` (token mean over masked tokens, detached).
+    """
+
+    kl: Float[Tensor, "B T"]
+    metrics: Metrics
+
+
+class KLReward(NamedTuple):
+    """Token rewards r_t − β·k_t (detached; 0 outside the mask), per-sequence returns Σ_t, and metrics."""
+
+    token_rewards: Float[Tensor, "B T"]
+    returns: Float[Tensor, " B"]
+    metrics: Metrics
+
+
+def mismatch_estimators(x: Tensor, *, convention: KLConvention | str = "verl") -> KLEstimators:
+    """Elementwise (k1, k2, k3) of x = log π_prox − log μ for KL(μ ‖ π_prox).
+
+    ``"verl"``: k1 = −x, k2 = x²/2, k3 = eˣ − x − 1. ``"areal"``: the mirrored pair k1 = +x, k3 = e^{−x} − 1 + x
+    (k2 is the same). On an outlier token the two k3 differ by more than 10×.
+    """
+    check_choice("convention", convention, KL_CONVENTIONS)
+    k2 = 0.5 * x**2  # k2 = x²/2
+    if convention == "verl":
+        return KLEstimators(k1=-x, k2=k2, k3=safe_exp(x) - x - 1.0)  # k1 = −x, k3 = eˣ − x − 1
+    return KLEstimators(k1=x, k2=k2, k3=safe_exp(-x) - 1.0 + x)  # AReaL: k1 = x, k3 = e^{−x} − 1 + x
+
+
+def mismatch_kl(
+    *,
+    log_ratio: Float[Tensor, "B T"],
+    mask: Shaped[Tensor, "B T"],
+    convention: KLConvention | str = "verl",
+) -> MismatchKL:
+    """Behavior → proximal mismatch KL estimators [reference-code], detached.
+
+    x = ℓ = log π_prox − log μ; steadyrl's default is verl's convention (k1 = −x, k2 = x²/2, k3 = eˣ − x − 1);
+    ``convention="areal"`` gives AReaL's mirrored pair (see :func:`mismatch_estimators`). eˣ is taken on x clamped to
+    ±20, so k3 stays finite (and large) for any x.
+
+    ==============  =========  ====================================================
+    ``log_ratio``   [B, T]     ℓ (detached here)
+    ``mask``        [B, T]     bool or 0/1
+    ``k1/k2/k3``    [B, T]     per-token estimators, 0 outside the mask
+    ==============  =========  ====================================================
+
+    Reduction: the metrics ``kl/k1|k2|k3`` are token means over all masked tokens of the batch.
+    """
+    m = as_bool_mask(mask)
+    x = where_masked(log_ratio.detach(), m)
+    k1, k2, k3 = (where_masked(k, m) for k in mismatch_estimators(x, convention=convention))
+    metrics = {"kl/k1": masked_mean(k1, m), "kl/k2": masked_mean(k2, m), "kl/k3": masked_mean(k3, m)}
+    return MismatchKL(k1, k2, k3, detach_metrics(metrics))
+
+
+def reference_kl(
+    *,
+    logp: Float[Tensor, "B T"],
+    ref_logp: Float[Tensor, "B T"],
+    mask: Shaped[Tensor, "B T"],
+    kind: RefKLKind | str = "low_var_kl",
+    clamp: float = LOW_VAR_KL_CLAMP,
+) -> RefKL:
+    """Per-token reference penalty estimating KL(π_θ ‖ π_ref) [reference-code: verl ``kl_penalty``, AReaL].
+
+    With x = log π_ref − log π_θ (``ref_logp`` detached, gradient through ``logp``):
+
+    ==============  ===============================================================
+    ``k1``          log π_θ − log π_ref = −x
+    ``abs``         |log π_θ − log π_ref| (verl)
+    ``k2``          x²/2
+    ``k3``          eˣ − x − 1 (eˣ on x clamped to ±20)
+    ``low_var_kl``  clamp(eˣ − x − 1, −clamp, clamp), clamp = 10 (verl, AReaL)
+    ==============  ===============================================================
+
+    ==============  =========  ===========================================================
+    ``logp``        [B, T]     log π_θ (with gradient)
+    ``ref_logp``    [B, T]     log π_ref (detached here)
+    ``mask``        [B, T]     bool or 0/1; outside it the penalty is 0 with zero gradient
+    ``kl``          [B, T]     per-token penalty k_t
+    ==============  =========  ===========================================================
+
+    The loss layer aggregates ``kl`` (``masking.aggregate``) and adds β times it; the metric ``kl/ref_mean`` is the
+    token mean.
+    """
+    check_choice("kind", kind, REF_KL_KINDS)
+    m = as_bool_mask(mask)
+    x = where_masked(ref_logp.detach() - logp, m)  # x = log π_ref − log π_θ; 0 (and zero grad) off the mask
+    if kind == "k1":
+        k = -x  # log π_θ − log π_ref
+    elif kind == "abs":
+        k = x.abs()
+    elif kind == "k2":
+        k = 0.5 * x**2
+    else:
+        k = safe_exp(x) - x - 1.0  # k3 = eˣ − x − 1
+        if kind == "low_var_kl":
+            k = k.clamp(min=-clamp, max=clamp)
+    k = where_masked(k, m)
+    return RefKL(k, detach_metrics({"kl/ref_mean": masked_mean(k, m)}))
+
+
+def last_token_mask(mask: Shaped[Tensor, "B T"]) -> Bool[Tensor, "B T"]:
+    """True at the last masked-in token of each sequence (no position for an empty sequence)."""
+    m = as_bool_mask(mask)
+    pos = torch.arange(m.shape[-1], device=m.device).expand(m.shape)
+    last = torch.where(m, pos, torch.full_like(pos, -1)).amax(dim=-1, keepdim=True)
+    return m & (pos == last)
+
+
+def kl_in_reward(
+    *,
+    logp: Float[Tensor, "B T"],
+    ref_logp: Float[Tensor, "B T"],
+    mask: Shaped[Tensor, "B T"],
+    rewards: Float[Tensor, " B"] | None = None,
+    token_rewards: Float[Tensor, "B T"] | None = None,
+    beta: float = KL_IN_REWARD_BETA,
+    kind: RefKLKind | str = "k1",
+    clamp: float = LOW_VAR_KL_CLAMP,
+) -> KLReward:
+    """KL in the reward [reference-code: verl ``use_kl_in_reward``; VCPO ablation β = 0.001]: r'_t = r_t − β·k_t.
+
+    k_t is :func:`reference_kl` of ``kind`` (default k1, verl's ``kl_penalty="kl"``), **detached**: the penalty acts
+    through the advantages, not through a gradient. Give exactly one of ``rewards`` (an outcome reward, placed on the
+    last masked-in token of each sequence; a sequence with no masked token gets nothing) or ``token_rewards``.
+
+    ========================  =========  ==========================================
+    ``logp``                  [B, T]     log π (detached here; π_prox or π_θ)
+    ``ref_logp``              [B, T]     log π_ref
+    ``rewards``               [B]        outcome reward R_i
+    ``token_rewards``         [B, T]     per-token rewards r_t
+    out ``token_rewards``     [B, T]     r_t − β·k_t on masked tokens, 0 elsewhere
+    out ``returns``           [B]        Σ_t of the above
+    ========================  =========  ==========================================
+
+    Metrics: ``kl/ref_mean`` (token mean of k), ``kl/reward_penalty`` (mean over non-empty sequences of β·Σ_t k_t).
+    """
+    if (rewards is None) == (token_rewards is None):
+        raise ValueError("give exactly one of rewards (per sequence) or token_rewards (per token)")
+    m = as_bool_mask(mask)
+    ref = reference_kl(logp=logp.detach(), ref_logp=ref_logp, mask=m, kind=kind, clamp=clamp)
+    if rewards is not None:
+        r = torch.where(last_token_mask(m), rewards.detach().unsqueeze(-1), torch.zeros_like(logp))
+    else:
+        assert token_rewards is not None
+        r = token_rewards.detach()
+    penalty = beta * ref.kl  # β·k_t
+    out = where_masked(r - penalty, m)  # r'_t = r_t − β·k_t
+    metrics = dict(ref.metrics)
+    metrics["kl/reward_penalty"] = aggregate(penalty, m, "seq-mean-token-sum")
+    return KLReward(out, out.sum(dim=-1), detach_metrics(metrics))

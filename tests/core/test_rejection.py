@@ -1,0 +1,204 @@
+"""Divergence rejection and OPSM against float64 loop references written from ALGORITHMS.md."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from steadyrl.core.masking import aggregate
+from steadyrl.core.rejection import RejectionSpec, divergence_rejection, divergence_rejection_all, opsm
+
+ATOL = 1e-10
+
+
+def _batch(seed: int = 0, B: int = 10, T: int = 7, scale: float = 1.0):
+    g = torch.Generator().manual_seed(seed)
+    ell = scale * torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.rand(B, T, generator=g) > 0.3
+    mask[0] = False
+    mask[1, 0] = True
+    return torch.where(mask, ell, float("nan")), mask
+
+
+def _k(x: float, metric: str, convention: str) -> float:
+    if metric == "k2":
+        return x * x / 2
+    if convention == "verl":
+        return -x if metric == "k1" else math.exp(x) - x - 1
+    return x if metric == "k1" else math.exp(-x) - 1 + x
+
+
+def _inside(v: float, lo: float | None, hi: float | None) -> bool:
+    return (lo is None or v >= lo) and (hi is None or v <= hi)
+
+
+def _ref_keep(ell, mask, spec: RejectionSpec, convention: str) -> list[list[bool]]:
+    B, T = mask.shape
+    lo, hi = spec.lower, spec.upper
+    if spec.ratio_bounds:
+        lo = None if lo is None else math.log(lo)
+        hi = None if hi is None else math.log(hi)
+    keep = [[False] * T for _ in range(B)]
+    for i in range(B):
+        ks = {t: _k(float(ell[i, t]), spec.metric, convention) for t in range(T) if mask[i, t]}
+        if spec.level == "sequence" and ks:
+            vals = list(ks.values())
+            agg = {"sum": sum(vals), "mean": sum(vals) / len(vals), "max": max(vals)}[spec.seq_agg]
+            seq_ok = _inside(agg, lo, hi)
+        for t, k in ks.items():
+            keep[i][t] = seq_ok if spec.level == "sequence" else _inside(k, lo, hi)
+    return keep
+
+
+_SPECS = [
+    RejectionSpec(metric="k1", level="token", lower=-0.5, upper=0.8),
+    RejectionSpec(metric="k1", level="token", upper=0.3),
+    RejectionSpec(metric="k1", level="token", lower=-0.3),
+    RejectionSpec(metric="k2", level="token", upper=0.4),
+    RejectionSpec(metric="k3", level="token", upper=0.3),
+    RejectionSpec(metric="k3", level="sequence", seq_agg="sum", upper=1.5),
+    RejectionSpec(metric="k3", level="sequence", seq_agg="mean", upper=0.4),
+    RejectionSpec(metric="k2", level="sequence", seq_agg="max", upper=1.0),
+    RejectionSpec(metric="k1", level="sequence", seq_agg="sum", lower=-1.0, upper=2.0),
+    RejectionSpec(metric="k1", level="sequence", seq_agg="mean", lower=0.5, upper=2.0, ratio_bounds=True),
+    RejectionSpec(metric="k1", level="token", lower=0.5, upper=2.0, ratio_bounds=True),
+]
+
+
+@pytest.mark.parametrize("spec", _SPECS, ids=lambda s: f"{s.metric}-{s.level}-{s.seq_agg}-{s.ratio_bounds}")
+@pytest.mark.parametrize("convention", ["verl", "areal"])
+def test_divergence_rejection_matches_reference(spec: RejectionSpec, convention: str) -> None:
+    ell, mask = _batch(seed=1)
+    out = divergence_rejection(log_ratio=ell, mask=mask, convention=convention, **spec._asdict())
+    ref = _ref_keep(ell, mask, spec, convention)
+    assert out.mask.tolist() == ref
+    n_kept = sum(map(sum, ref))
+    assert 0 < n_kept < int(mask.sum())  # the condition is exercised on both sides
+    assert torch.equal(out.weights, out.mask.double())  # default weight "one"
+    n_in = int(mask.sum())
+    assert abs(float(out.metrics["is/masked_frac"]) - (n_in - n_kept) / n_in) < ATOL
+
+
+def test_verl_k1_ratio_bounds_mapping() -> None:
+    """verl's k1 bounds are ratios compared in log space: keep iff log lo ≤ k1 ≤ log hi, k1 = −ℓ (verl)."""
+    ell = torch.log(torch.tensor([[0.4, 0.5, 1.0, 2.0, 2.5]], dtype=torch.float64))
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    out = divergence_rejection(log_ratio=ell, mask=mask, metric="k1", lower=0.5, upper=2.0, ratio_bounds=True)
+    # k1 = −ℓ = log(1/ρ) ∈ [log 0.5, log 2] ⇔ ρ ∈ [0.5, 2]
+    assert out.mask.tolist() == [[False, True, True, True, False]]
+
+
+def test_specs_are_anded() -> None:
+    ell, mask = _batch(seed=2, B=16, scale=0.6)
+    specs = [_SPECS[3], _SPECS[5], _SPECS[1]]
+    out = divergence_rejection_all(log_ratio=ell, mask=mask, specs=specs)
+    refs = [_ref_keep(ell, mask, s, "verl") for s in specs]
+    B, T = mask.shape
+    expect = [[all(r[i][t] for r in refs) for t in range(T)] for i in range(B)]
+    assert out.mask.tolist() == expect
+    singles = [divergence_rejection_all(log_ratio=ell, mask=mask, specs=[s]).mask for s in specs]
+    assert 0 < int(out.mask.sum()) < min(int(m.sum()) for m in singles)
+    assert torch.equal(divergence_rejection_all(log_ratio=ell, mask=mask, specs=[]).mask, mask)
+
+
+@pytest.mark.parametrize("weight", ["token", "geometric"])
+def test_rejection_weights(weight: str) -> None:
+    ell, mask = _batch(seed=3)
+    out = divergence_rejection(log_ratio=ell, mask=mask, metric="k3", upper=0.5, weight=weight)
+    B, T = mask.shape
+    for i in range(B):
+        row = [float(ell[i, t]) for t in range(T) if mask[i, t]]
+        for t in range(T):
+            if not out.mask[i, t]:
+                assert float(out.weights[i, t]) == 0.0
+            elif weight == "token":
+                assert abs(float(out.weights[i, t]) - math.exp(float(ell[i, t]))) < ATOL  # π_prox/μ
+            else:
+                assert abs(float(out.weights[i, t]) - math.exp(sum(row) / len(row))) < ATOL  # exp(S̄_i)
+
+
+def test_rejection_can_remove_everything() -> None:
+    ell, mask = _batch(seed=4, scale=3.0)
+    out = divergence_rejection(log_ratio=ell, mask=mask, metric="k2", upper=1e-6)
+    assert not out.mask.any() and float(out.metrics["loss/all_masked"]) == 1.0
+    logp = torch.zeros(*mask.shape, dtype=torch.float64, requires_grad=True)
+    loss = aggregate(-out.weights * logp, out.mask, "seq-mean-token-mean")
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and torch.equal(logp.grad, torch.zeros_like(logp))
+
+
+@given(seed=st.integers(0, 2**16), spec=st.sampled_from(_SPECS[:9]), convention=st.sampled_from(["verl", "areal"]))
+def test_rejection_on_policy_keeps_everything_if_zero_is_in_bounds(seed, spec, convention) -> None:
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(3, 5, generator=g) > 0.4
+    out = divergence_rejection(log_ratio=torch.zeros(3, 5), mask=mask, convention=convention, **spec._asdict())
+    assert torch.equal(out.mask, mask) and torch.equal(out.weights, mask.float())
+
+
+@given(seed=st.integers(0, 2**16), sign=st.sampled_from([-1.0, 1.0]), spec=st.sampled_from(_SPECS))
+def test_rejection_huge_log_ratios_finite(seed, sign, spec) -> None:
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(3, 5, generator=g) > 0.4
+    ell = (sign * 1000.0 * (torch.rand(3, 5, generator=g) > 0.5).float()).requires_grad_(True)
+    out = divergence_rejection(log_ratio=ell, mask=mask, weight="token", **spec._asdict())
+    assert torch.isfinite(out.weights).all() and not out.weights.requires_grad
+    assert all(torch.isfinite(v) for v in out.metrics.values())
+
+
+def test_rejection_bad_options() -> None:
+    ell, mask = _batch()
+    for kwargs in (
+        {"metric": "k4"},
+        {"level": "group"},
+        {"level": "sequence", "seq_agg": "min"},
+        {"lower": 2.0, "upper": 1.0},
+        {"ratio_bounds": True, "lower": 0.0},
+        {"weight": "ratio"},
+        {"convention": "trl"},
+    ):
+        with pytest.raises(ValueError):
+            divergence_rejection(log_ratio=ell, mask=mask, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------- OPSM
+
+
+def test_opsm_matches_reference() -> None:
+    g = torch.Generator().manual_seed(5)
+    B, T = 12, 6
+    behav = torch.randn(B, T, generator=g, dtype=torch.float64) - 1.0
+    logp = behav + 0.6 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.rand(B, T, generator=g) > 0.3
+    mask[0] = False
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    delta = 0.1
+    logp_in = torch.where(mask, logp, float("nan")).requires_grad_(True)
+    behav_in = torch.where(mask, behav, float("-inf")).requires_grad_(True)
+    adv_in = adv.clone().requires_grad_(True)
+    out = opsm(logp=logp_in, behav_logp=behav_in, advantages=adv_in, mask=mask, delta=delta)
+    dropped = 0
+    for i in range(B):
+        d = [float(behav[i, t] - logp[i, t]) for t in range(T) if mask[i, t]]
+        keep = float(adv[i]) >= 0 or (sum(d) / len(d) if d else 0.0) <= delta  # A_i ≥ 0 or mean(log μ − log π) ≤ δ
+        dropped += bool(d) and not keep
+        for t in range(T):
+            assert bool(out.mask[i, t]) == (bool(mask[i, t]) and keep)
+    assert dropped > 0
+    assert torch.equal(out.weights, out.mask.double())
+    assert not out.weights.requires_grad and not out.mask.requires_grad  # computed detached
+    # positive-advantage sequences are never dropped
+    assert all(out.mask[i].any() for i in range(B) if mask[i].any() and adv[i] >= 0)
+
+
+def test_opsm_on_policy_and_all_masked() -> None:
+    lp = torch.randn(3, 4)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    out = opsm(logp=lp, behav_logp=lp.clone(), advantages=-torch.ones(3), mask=mask, delta=0.0)
+    assert torch.equal(out.mask, mask)
+    out = opsm(logp=lp, behav_logp=lp + 5.0, advantages=-torch.ones(3), mask=mask, delta=1.0)
+    assert not out.mask.any() and float(out.metrics["loss/all_masked"]) == 1.0
+    assert abs(float(out.metrics["kl/opsm_seq_mean"]) - 5.0) < 1e-5
