@@ -85,7 +85,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "seq_mis",
-        "Sequence-level masked importance sampling: drop sequences whose ratio is outside [0.5, 2]",
+        "Sequence-level masked importance sampling: drop sequences whose ratio is outside [1/8, 8]",
         None,
         "reference-code",
         {"corrections": [{"type": "seq_mis"}]},

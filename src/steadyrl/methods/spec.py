@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from steadyrl.core import weights as W
 from steadyrl.core.masking import AggMode
 
 
@@ -77,7 +78,7 @@ class TokenTIS(_Strict):
     """Token-level truncated importance sampling: min(exp ℓ_t, C) (verl C = 2, TRL C = 3)."""
 
     type: Literal["token_tis"] = "token_tis"
-    cap: float = Field(2.0, gt=0, description="truncation C")
+    cap: float = Field(W.TOKEN_TIS_CAP, gt=0, description="truncation C")
     floor: float | None = Field(None, ge=0, description="also clamp from below (TRL's minimum)")
     renormalize: Literal["token", "sequence"] | None = Field(None, description="divide by the masked mean (verl)")
 
@@ -86,7 +87,7 @@ class SeqTIS(_Strict):
     """Sequence-level truncated IS: w̄_i = min(exp S_i, C), broadcast (VCPO baseline, C = 8)."""
 
     type: Literal["seq_tis"] = "seq_tis"
-    cap: float = Field(8.0, gt=0, description="truncation C")
+    cap: float = Field(W.SEQ_TIS_CAP, gt=0, description="truncation C")
 
 
 class _MIS(_Strict):
@@ -99,39 +100,39 @@ class TokenMIS(_MIS):
     """Masked IS at token level: drop tokens whose ratio is outside [lower, upper]."""
 
     type: Literal["token_mis"] = "token_mis"
-    lower: float | None = 0.5
-    upper: float | None = 2.0
+    lower: float | None = W.TOKEN_MIS_LOWER
+    upper: float | None = W.TOKEN_MIS_UPPER
 
 
 class SeqMIS(_MIS):
     """Masked IS at sequence level on exp(S_i)."""
 
     type: Literal["seq_mis"] = "seq_mis"
-    lower: float | None = 0.5
-    upper: float | None = 2.0
+    lower: float | None = W.SEQ_MIS_LOWER
+    upper: float | None = W.SEQ_MIS_UPPER
 
 
 class GeoMIS(_MIS):
     """Masked IS on the geometric mean exp(S̄_i) (verl preset 0.999–1.001)."""
 
     type: Literal["geo_mis"] = "geo_mis"
-    lower: float | None = 0.999
-    upper: float | None = 1.001
+    lower: float | None = W.GEO_MIS_LOWER
+    upper: float | None = W.GEO_MIS_UPPER
 
 
 class IcePop(_MIS):
     """IcePop (arXiv 2510.18855): token ratios outside [0.5, 5] are dropped."""
 
     type: Literal["icepop"] = "icepop"
-    lower: float | None = 0.5
-    upper: float | None = 5.0
+    lower: float | None = W.ICEPOP_LOWER
+    upper: float | None = W.ICEPOP_UPPER
 
 
 class TokenVeto(_Strict):
     """Drop a whole sequence if any token ratio is below the threshold (verl token veto)."""
 
     type: Literal["token_veto"] = "token_veto"
-    threshold: float = Field(1e-4, gt=0, description="veto when a token ratio < threshold")
+    threshold: float = Field(W.TOKEN_VETO_THRESHOLD, gt=0, description="veto when a token ratio < threshold")
 
 
 class Rejection(_Strict):
