@@ -1,0 +1,6 @@
+"""Baselines and advantages: what each response (or token) is credited with before a loss weighs it.
+
+Modules: ``grpo`` (group-relative advantages, GRPO / Dr.GRPO / batch scaling, and the shared ``adv/`` metrics),
+``opob`` (VCPO's off-policy optimal baseline), ``otb`` (optimal token baseline), ``vtrace`` (V-trace and COPC
+token-level TD targets). Every result is detached: advantages and value targets enter the losses as constants.
+"""

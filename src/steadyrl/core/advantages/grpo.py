@@ -1,0 +1,164 @@
+"""Group-relative advantages (GRPO, Dr.GRPO, batch scaling) and the ``adv/`` metrics every baseline reports.
+
+GRPO (DeepSeekMath, arXiv 2402.03300, §4.1.2, outcome supervision) [exact]: each of the G responses to a prompt
+is credited with its reward relative to the group,
+
+    A_i = (R_i − mean_{j∈g(i)} R_j) / (std_{j∈g(i)} R_j + ε).
+
+Frameworks differ only in the normalizer, so it is explicit here (``scale``, ``unbiased``, ``eps``):
+
+==========  ============================================  =================================================
+``scale``   divisor                                       used by
+==========  ============================================  =================================================
+``group``   std of the group's rewards + ε                GRPO; verl (unbiased, ε = 1e-6), TRL ``"group"``
+                                                          (unbiased, ε = 1e-4)
+``batch``   std of every reward in the batch + ε          TRL ``scale_rewards="batch"`` (std of the raw rewards
+                                                          of the whole gathered batch, centred per group)
+``none``    1 (no division)                               Dr.GRPO (arXiv 2503.20783): the std normalizer
+                                                          re-weights prompts by their difficulty, so drop it
+==========  ============================================  =================================================
+
+VCPO's OPOB path uses the population std and skips the division below 1e-8 (see ``opob``). A group of one response
+has std 0 (``groups.group_std`` convention), so its advantage is exactly 0.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, get_args
+
+import torch
+from jaxtyping import Float, Int, Shaped
+from torch import Tensor
+
+from steadyrl.core.groups import group_count, group_mean, group_std
+from steadyrl.core.masking import as_bool_mask, broadcast_seq, detach_metrics, masked_mean, where_masked
+from steadyrl.core.types import Metrics
+
+GrpoScale = Literal["group", "batch", "none"]
+GRPO_SCALES: tuple[str, ...] = get_args(GrpoScale)
+
+#: verl's ``norm_adv_by_std_in_grpo`` epsilon (unbiased std). Our default.
+VERL_STD_EPS: float = 1e-6
+#: TRL's GRPOTrainer epsilon (unbiased std).
+TRL_STD_EPS: float = 1e-4
+#: A group whose population reward std is below this counts as "zero std" in ``adv/zero_std_frac``.
+ZERO_STD_TOL: float = 1e-8
+
+
+class GroupAdvantages(NamedTuple):
+    """Per-sequence advantages of a group-relative estimator.
+
+    ==============  ======  =====================================================================
+    field           shape   meaning
+    ==============  ======  =====================================================================
+    ``advantages``  [B]     A_i (detached)
+    ``baseline``    [B]     the value subtracted from R_i (the group mean, broadcast to members)
+    ``scale``       [B]     the divisor applied to R_i − baseline (std + ε, or 1 for ``none``)
+    ``metrics``             ``adv/mean``, ``adv/std``, ``adv/baseline_mean``, ``adv/zero_std_frac``
+    ==============  ======  =====================================================================
+    """
+
+    advantages: Float[Tensor, " B"]
+    baseline: Float[Tensor, " B"]
+    scale: Float[Tensor, " B"]
+    metrics: Metrics
+
+
+def grpo_advantages(
+    *,
+    rewards: Float[Tensor, " B"],
+    group_ids: Int[Tensor, " B"],
+    scale: GrpoScale | str = "group",
+    eps: float = VERL_STD_EPS,
+    unbiased: bool = True,
+) -> GroupAdvantages:
+    """GRPO advantages A_i = (R_i − mean_g R) / (std R + ε), with the normalizer chosen by ``scale`` [exact].
+
+    Paper: DeepSeekMath (arXiv 2402.03300) §4.1.2; Dr.GRPO (arXiv 2503.20783) for ``scale="none"``.
+
+    ===============  =====  ==================================================================
+    argument         shape  meaning
+    ===============  =====  ==================================================================
+    ``rewards``      [B]    scalar outcome reward R_i of each response
+    ``group_ids``    [B]    prompt of each response, ids in [0, B) (see ``core.groups``)
+    ``scale``               ``group`` | ``batch`` | ``none`` (module table)
+    ``eps``                 ε added to the std (verl 1e-6, TRL 1e-4); ignored for ``none``
+    ``unbiased``            std with n − 1 (verl, TRL) or n (population) in the denominator
+    ===============  =====  ==================================================================
+
+    Reduction: the mean is always per group; the std is per group (``group``) or over the whole batch (``batch``).
+    A divisor of exactly 0 (only with ``eps=0`` and a constant group) leaves R_i − mean unscaled instead of
+    dividing 0 by 0. Returns a :class:`GroupAdvantages`; every tensor is detached.
+    """
+    if scale not in GRPO_SCALES:
+        raise ValueError(f"scale={scale!r} is not one of {', '.join(GRPO_SCALES)}")
+    if eps < 0:
+        raise ValueError(f"eps={eps} must be >= 0")
+    R = rewards.detach()
+    baseline = group_mean(R, group_ids=group_ids)  # mean_{j∈g(i)} R_j
+    centered = R - baseline
+    if scale == "none":
+        divisor = torch.ones_like(R)  # Dr.GRPO: no std division
+    else:
+        scope = group_ids if scale == "group" else torch.zeros_like(group_ids)  # "batch": one scope for all
+        divisor = group_std(R, group_ids=scope, unbiased=unbiased) + eps  # std + ε
+    safe = torch.where(divisor > 0, divisor, torch.ones_like(divisor))
+    advantages = centered / safe  # A_i = (R_i − mean_g R) / (std + ε)
+    metrics = sequence_advantage_metrics(advantages=advantages, baseline=baseline, rewards=R, group_ids=group_ids)
+    return GroupAdvantages(advantages=advantages, baseline=baseline, scale=safe, metrics=metrics)
+
+
+def token_advantages(*, advantages: Float[Tensor, " B"], mask: Shaped[Tensor, "B T"]) -> Float[Tensor, "B T"]:
+    """Broadcast per-sequence advantages A_i to every token of the sequence, 0 at masked-out positions.
+
+    ``advantages`` [B], ``mask`` [B, T] (bool or 0/1) → [B, T] with A_{i,t} = m_{i,t} · A_i (selected with
+    ``torch.where``, so a non-finite A_i never reaches a masked-out token).
+    """
+    m = as_bool_mask(mask)
+    return where_masked(broadcast_seq(advantages, m.to(advantages.dtype)), m)
+
+
+def sequence_advantage_metrics(
+    *,
+    advantages: Float[Tensor, " B"],
+    baseline: Float[Tensor, " B"],
+    rewards: Float[Tensor, " B"],
+    group_ids: Int[Tensor, " B"],
+) -> Metrics:
+    """``adv/`` metrics of a per-sequence estimator (detached 0-d tensors, no host sync).
+
+    ``adv/mean`` and ``adv/std`` (population) of A over the batch; ``adv/baseline_mean``: mean of the baseline
+    over the batch; ``adv/zero_std_frac``: fraction of *groups* whose rewards have population std below
+    :data:`ZERO_STD_TOL` (those groups carry no group-relative signal). A group counts once whatever its size:
+    Σ_i [σ_g(i) ≈ 0] / |g(i)| over Σ_i 1 / |g(i)|.
+    """
+    sigma = group_std(rewards, group_ids=group_ids, unbiased=False)
+    per_member = 1.0 / group_count(group_ids, dtype=rewards.dtype)  # each group sums to 1
+    zero_frac = where_masked(per_member, sigma < ZERO_STD_TOL).sum() / per_member.sum()
+    return detach_metrics(
+        {
+            "adv/mean": advantages.mean(),
+            "adv/std": advantages.std(correction=0),
+            "adv/baseline_mean": baseline.mean(),
+            "adv/zero_std_frac": zero_frac,
+        }
+    )
+
+
+def token_advantage_metrics(
+    *,
+    advantages: Float[Tensor, "B T"],
+    baseline: Float[Tensor, "B T"],
+    mask: Shaped[Tensor, "B T"],
+) -> Metrics:
+    """``adv/`` metrics of a per-token estimator over masked-in tokens (0 when nothing is masked in).
+
+    ``adv/mean``, ``adv/std`` (population) of A_{i,t}, and ``adv/baseline_mean`` (the subtracted baseline or
+    value, B*_t or V_t), each a mean over the masked-in tokens of the batch.
+    """
+    m = as_bool_mask(mask)
+    mean = masked_mean(advantages, m)
+    var = masked_mean((advantages - mean) ** 2, m)
+    return detach_metrics(
+        {"adv/mean": mean, "adv/std": var.sqrt(), "adv/baseline_mean": masked_mean(baseline, m)}
+    )
