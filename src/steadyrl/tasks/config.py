@@ -1,0 +1,237 @@
+"""Typed, strict configuration of the tasks: one pydantic model per task, joined in :data:`TaskConfig`, a union
+discriminated on ``name``.
+
+Unknown keys are rejected, every field is bounded and documented, and cross-field rules are named validators that
+raise (naming the fields) instead of rewriting a value. Validation reads no file and needs no hardware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+
+from steadyrl.tasks.text import DEFAULT_STOP_TEXTS, TEMPLATE_FIELD, template_fields
+
+Operator = Literal["+", "-", "*", "/"]
+ALL_OPERATORS: tuple[Operator, ...] = ("+", "-", "*", "/")
+
+#: Upper bounds that keep a generator's problems within reach of a small model and its context.
+MAX_TERMS = 12
+MAX_DIGITS = 9
+MAX_EVAL_SIZE = 1_000_000
+MAX_VERIFY_TIMEOUT_S = 300
+
+#: File suffixes the file tasks read.
+JSONL_SUFFIXES: tuple[str, ...] = (".jsonl",)
+PARQUET_SUFFIXES: tuple[str, ...] = (".parquet",)
+
+
+class _TaskConfigBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stop_texts: tuple[str, ...] = Field(
+        DEFAULT_STOP_TEXTS,
+        description="Texts that end a completion before scoring (EOS/padding a decoder may leave in): the completion "
+        "is cut at the first occurrence of any of them, then stripped of whitespace.",
+    )
+
+    @field_validator("stop_texts")
+    @classmethod
+    def _stop_texts_non_empty(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not text for text in value):
+            raise ValueError("stop_texts must not contain an empty string")
+        return value
+
+
+class _GeneratedTaskConfig(_TaskConfigBase):
+    eval_size: int = Field(
+        512,
+        ge=1,
+        le=MAX_EVAL_SIZE,
+        description="Size of the held-out eval set: the first eval_size problems of the eval stream. The train stream "
+        "skips every prompt among them, and asking for more eval problems than this is an error.",
+    )
+    partial_credit: bool = Field(
+        False,
+        description="Pass reasoning-gym's fractional scores through (e.g. countdown's 0.05 for a well-formed wrong "
+        "expression). When False a score is 1.0 if reasoning-gym's scorer gives 1.0, else 0.0.",
+    )
+
+
+def _check_range(low: int, high: int, *, low_name: str, high_name: str) -> None:
+    if high < low:
+        raise ValueError(f"{high_name} ({high}) must be >= {low_name} ({low})")
+
+
+def _check_unique(values: tuple[str, ...], *, field: str) -> None:
+    if len(set(values)) != len(values):
+        raise ValueError(f"{field} has duplicates: {values}")
+
+
+class ChainSumConfig(_GeneratedTaskConfig):
+    """reasoning-gym ``chain_sum``: sums and differences of integers; prompt ``12+3-4=``, answer ``11``."""
+
+    name: Literal["chain_sum"] = Field("chain_sum", description="Task: reasoning-gym chain_sum.")
+    min_terms: int = Field(2, ge=1, le=MAX_TERMS, description="Fewest terms in an expression.")
+    max_terms: int = Field(3, ge=1, le=MAX_TERMS, description="Most terms in an expression.")
+    min_digits: int = Field(1, ge=1, le=MAX_DIGITS, description="Fewest digits per term (all terms of one problem "
+                            "share a digit count).")
+    max_digits: int = Field(2, ge=1, le=MAX_DIGITS, description="Most digits per term.")
+    allow_negation: bool = Field(False, description="Allow negative terms (written `12+-5=`).")
+    worked_steps: bool = Field(
+        False,
+        description="Demonstrations write the running partial sums before the answer (`12+3=15,15-4=11;11`) and "
+        "scoring takes what follows the last `;`. Makes responses long, to stress sequence-level importance weights.",
+    )
+
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> ChainSumConfig:
+        _check_range(self.min_terms, self.max_terms, low_name="min_terms", high_name="max_terms")
+        _check_range(self.min_digits, self.max_digits, low_name="min_digits", high_name="max_digits")
+        return self
+
+
+class BasicArithmeticConfig(_GeneratedTaskConfig):
+    """reasoning-gym ``basic_arithmetic`` with parentheses and standard precedence; prompt ``(2+-8)*4=``.
+
+    reasoning-gym's parenthesis-free mode evaluates left to right (it would pose ``34+17*23`` with answer 1173), so
+    it is not offered. Its terms can be negative whatever ``allow_negation`` says.
+    """
+
+    name: Literal["basic_arithmetic"] = Field("basic_arithmetic", description="Task: reasoning-gym basic_arithmetic.")
+    min_terms: int = Field(2, ge=1, le=MAX_TERMS, description="Fewest terms in an expression.")
+    max_terms: int = Field(3, ge=1, le=MAX_TERMS, description="Most terms in an expression.")
+    min_digits: int = Field(1, ge=1, le=MAX_DIGITS, description="Fewest digits per term.")
+    max_digits: int = Field(2, ge=1, le=MAX_DIGITS, description="Most digits per term.")
+    operators: tuple[Operator, ...] = Field(
+        ALL_OPERATORS, min_length=1, description="Operators to draw from (`/` is exact integer division)."
+    )
+    allow_negation: bool = Field(False, description="Allow negated parenthesized groups (`-(3+4)`).")
+
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> BasicArithmeticConfig:
+        _check_range(self.min_terms, self.max_terms, low_name="min_terms", high_name="max_terms")
+        _check_range(self.min_digits, self.max_digits, low_name="min_digits", high_name="max_digits")
+        _check_unique(self.operators, field="operators")
+        return self
+
+
+class CountdownConfig(_GeneratedTaskConfig):
+    """reasoning-gym ``countdown``: reach a target with all given numbers; prompt ``3,5,7>15:``, answer ``3*7-5-...``.
+
+    Generation is slow (sympy), so the generated streams are cached as JSONL, keyed by the settings, the stream seed
+    and the reasoning-gym version.
+    """
+
+    name: Literal["countdown"] = Field("countdown", description="Task: reasoning-gym countdown.")
+    min_numbers: int = Field(3, ge=2, le=MAX_TERMS, description="Fewest source numbers.")
+    max_numbers: int = Field(3, ge=2, le=MAX_TERMS, description="Most source numbers.")
+    min_value: int = Field(1, ge=1, description="Smallest source number.")
+    max_value: int = Field(20, ge=1, description="Largest source number.")
+    min_target: int = Field(10, ge=1, description="Smallest target.")
+    max_target: int = Field(100, ge=1, description="Largest target.")
+    operators: tuple[Operator, ...] = Field(ALL_OPERATORS, min_length=1, description="Operators to draw from.")
+    cache_dir: Path | None = Field(
+        None,
+        description="Directory of the generated-problem cache. None: $STEADYRL_CACHE/tasks when that variable is "
+        "set, else ~/.cache/steadyrl/tasks.",
+    )
+
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> CountdownConfig:
+        _check_range(self.min_numbers, self.max_numbers, low_name="min_numbers", high_name="max_numbers")
+        _check_range(self.min_value, self.max_value, low_name="min_value", high_name="max_value")
+        _check_range(self.min_target, self.max_target, low_name="min_target", high_name="max_target")
+        _check_unique(self.operators, field="operators")
+        return self
+
+
+class _FileTaskConfig(_TaskConfigBase):
+    train_path: Path | None = Field(
+        None, description="Train split: a .jsonl file (one JSON object a line) or a .parquet file (needs pyarrow)."
+    )
+    eval_path: Path | None = Field(
+        None,
+        description="Held-out eval split, same formats. Train rows whose prompt also appears here are skipped.",
+    )
+    verify_timeout_s: int = Field(
+        5,
+        ge=1,
+        le=MAX_VERIFY_TIMEOUT_S,
+        description="Seconds math-verify may spend parsing or comparing one answer. Enforced with SIGALRM, so only "
+        "in a process's main thread; elsewhere scoring runs without a time limit.",
+    )
+
+    @field_validator("train_path", "eval_path")
+    @classmethod
+    def _known_suffix(cls, value: Path | None) -> Path | None:
+        if value is not None and value.suffix.lower() not in JSONL_SUFFIXES + PARQUET_SUFFIXES:
+            raise ValueError(f"{value}: expected a {' or '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)} file")
+        return value
+
+    @field_validator("prompt_template", check_fields=False)
+    @classmethod
+    def _template_has_question(cls, value: str) -> str:
+        try:
+            fields = template_fields(value)
+        except ValueError as err:  # unbalanced braces
+            raise ValueError(f"not a valid format template ({err}); write literal braces as {{{{ and }}}}") from err
+        if fields.count(TEMPLATE_FIELD) != 1 or len(fields) != 1:
+            raise ValueError(
+                f"must contain the placeholder {{{TEMPLATE_FIELD}}} exactly once and no other, got {fields}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _some_split(self) -> _FileTaskConfig:
+        if self.train_path is None and self.eval_path is None:
+            raise ValueError("set train_path, eval_path or both")
+        return self
+
+
+class Gsm8kConfig(_FileTaskConfig):
+    """GSM8K-style word problems from local files; the reference's final number follows ``####``."""
+
+    name: Literal["gsm8k"] = Field("gsm8k", description="Task: GSM8K-style files.")
+    question_field: str = Field("question", min_length=1, description="Row field holding the question.")
+    answer_field: str = Field(
+        "answer", min_length=1, description="Row field holding the worked solution, ending in `#### <number>`."
+    )
+    prompt_template: str = Field(
+        "Question: {question}\nAnswer: ",
+        description="Prompt text with one `{question}` placeholder (literal braces doubled).",
+    )
+
+
+class MathConfig(_FileTaskConfig):
+    """MATH-style problems from local files; the reference answer is the solution's last ``\\boxed{...}``."""
+
+    name: Literal["math"] = Field("math", description="Task: MATH-style files.")
+    question_field: str = Field("problem", min_length=1, description="Row field holding the problem.")
+    answer_field: str = Field(
+        "solution", min_length=1, description="Row field holding the worked solution, with a final `\\boxed{...}`."
+    )
+    prompt_template: str = Field(
+        "Problem: {question}\nSolution: ",
+        description="Prompt text with one `{question}` placeholder (literal braces doubled).",
+    )
+
+
+TaskConfig = Annotated[
+    ChainSumConfig | BasicArithmeticConfig | CountdownConfig | Gsm8kConfig | MathConfig,
+    Field(discriminator="name"),
+]
+"""Any task's configuration; ``name`` selects the task."""
+
+_TASK_CONFIG_ADAPTER: TypeAdapter[TaskConfig] = TypeAdapter(TaskConfig)
+
+
+def parse_task_config(data: Mapping[str, Any]) -> TaskConfig:
+    """Validate a mapping (e.g. a YAML section) into the task config its ``name`` selects.
+
+    Raises ``pydantic.ValidationError``; each error's location names the task and the field (``chain_sum.max_terms``).
+    """
+    return _TASK_CONFIG_ADAPTER.validate_python(dict(data))
