@@ -18,7 +18,7 @@ import torch
 #: Toy problem size: groups × group size sequences of T tokens over V symbols.
 N_GROUPS, GROUP_SIZE, SEQ_LEN, VOCAB = 16, 8, 24, 12
 #: Norm of the per-step drift of the logit table (one "learner step").
-DRIFT_PER_STEP = 0.06
+DRIFT_PER_STEP = 0.25
 DEFAULT_LAGS = (0, 4, 16, 64)
 DEFAULT_METHODS = ("grpo", "token_tis", "seq_tis", "icepop", "geo_mis", "m2po", "gmc_grpo", "seq_tis+ess_lr", "oapl")
 
@@ -70,7 +70,7 @@ def run_demo(*, methods: Sequence[str], lags: Sequence[int], seed: int) -> list[
                 {
                     "lag": lag,
                     "method": name,
-                    "loss": float(loss),
+                    "loss": float(loss.detach()),
                     "ess_ratio": float(metrics["is/ess_ratio"]),
                     "weight_max": float(metrics["is/weight_max"]),
                     "masked_frac": float(metrics.get("loss/masked_frac", torch.tensor(0.0))),

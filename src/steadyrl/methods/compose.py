@@ -1,0 +1,265 @@
+"""``compute_loss``: run the loss-level part of any method on a batch, calling ``steadyrl.core`` step by step.
+
+The pipeline, in the order it runs (ALGORITHMS.md, "Two policies or three"):
+
+1. **Policies.** ``behav_logp`` = log μ; ``prox_logp`` = log π_prox, the recomputed proximal policy, or ``logp``
+   detached when not given (one update per batch: VCPO's setting); in ``policy="bypass"`` π_prox := μ (verl).
+   ℓ = log π_prox − log μ is the behavior-correction log-ratio, detached.
+2. **Rewards.** Outcome rewards [B] (or token rewards [B,T]); ``kl.type="in_reward"`` subtracts β·k_t per token.
+3. **Advantages.** GRPO / Dr.GRPO, OPOB, OTB, COPC TD, or given; sequence advantages are broadcast to tokens.
+4. **Corrections**, in the method's order: each returns detached token weights and a mask; weights multiply, masks
+   intersect. Their ``is/...`` metrics are renamed ``<correction>/...`` so they never shadow the diagnostics.
+5. **Objective** on the surviving tokens, aggregated with the method's ``agg`` mode.
+6. **KL in the loss** (optional), then the **diagnostics** every run logs (ESS, weights, mismatch KL, lag) measured
+   on π_prox (or π_θ detached) against μ, and the inputs of the method's controllers (``vcpo/ess_ratio``).
+
+Everything stays on the device; no host syncs. A batch with no trainable token gives an exact-zero loss with zero
+gradients and ``loss/all_masked = 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from steadyrl.core import kl as core_kl
+from steadyrl.core import rejection, weights
+from steadyrl.core.advantages import grpo, opob, otb, vtrace
+from steadyrl.core.diagnostics import staleness_diagnostics
+from steadyrl.core.ess import sequence_ess
+from steadyrl.core.masking import (
+    aggregate,
+    all_masked_flag,
+    as_bool_mask,
+    broadcast_seq,
+    lengths,
+    masked_mean,
+    safe_exp,
+    seq_log_ratio,
+    where_masked,
+)
+from steadyrl.core.objectives import filters, gmc_grpo, m2po, oapl, ppo, tic_grpo
+from steadyrl.core.types import Corrected, LossOutput, Metrics
+from steadyrl.methods import spec as S
+from steadyrl.methods.batch import LossBatch
+from steadyrl.methods.resolve import required_inputs, resolve_method
+
+
+def _rewards(method: S.MethodSpec, b: LossBatch, logp: Tensor, mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """(sequence rewards [B], token rewards [B,T]) after an optional KL-in-reward penalty."""
+    if b.rewards is None:
+        return None, None
+    token_in = b.rewards if b.rewards.dim() == 2 else None
+    seq_in = b.rewards if b.rewards.dim() == 1 else None
+    if isinstance(method.kl, S.KLInReward):
+        assert b.ref_logp is not None
+        out = core_kl.kl_in_reward(
+            logp=logp, ref_logp=b.ref_logp, mask=mask, rewards=seq_in, token_rewards=token_in,
+            beta=method.kl.beta, kind=method.kl.kind,
+        )  # fmt: skip
+        return out.returns, out.token_rewards
+    if token_in is not None:
+        return where_masked(token_in, mask).sum(-1), token_in
+    last = core_kl.last_token_mask(mask)  # outcome reward on the last trained token
+    return seq_in, where_masked(broadcast_seq(seq_in, logp), last)
+
+
+def _advantages(
+    method: S.MethodSpec, b: LossBatch, *, logp: Tensor, prox: Tensor, behav: Tensor, ell: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor | None, Metrics]:
+    """(token advantages [B,T], sequence advantages [B] or None, metrics)."""
+    adv = method.advantage
+    seq_r, tok_r = _rewards(method, b, logp, mask)
+    if isinstance(adv, S.GivenAdvantage):
+        a = b.advantages
+        assert a is not None
+        a = a.detach()
+        if a.dim() == 1:
+            return grpo.token_advantages(advantages=a, mask=mask), a, {}
+        return where_masked(a, mask), None, {}
+    if isinstance(adv, S.CopcAdvantage):
+        assert b.values is not None and tok_r is not None
+        out = vtrace.copc_advantages(
+            rewards=tok_r, values=b.values.detach(), log_rhos=logp.detach() - behav, mask=mask,
+            gamma=adv.gamma, lam=adv.lam, rho_min=adv.rho_min, rho_max=adv.rho_max,
+        )  # fmt: skip
+        return out.advantages, None, out.metrics
+    assert seq_r is not None and b.group_ids is not None
+    if isinstance(adv, S.GrpoAdvantage):
+        out_g = grpo.grpo_advantages(
+            rewards=seq_r, group_ids=b.group_ids, scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased
+        )
+        return grpo.token_advantages(advantages=out_g.advantages, mask=mask), out_g.advantages, out_g.metrics
+    if isinstance(adv, S.OpobAdvantage):
+        assert b.grad_sq_norms is not None
+        out_o = opob.opob_advantages(
+            rewards=seq_r, group_ids=b.group_ids, log_weights=seq_log_ratio(ell, mask),
+            grad_sq_norms=b.grad_sq_norms.detach(), weighting=adv.weighting, scope=adv.scope,
+            aggregation=adv.aggregation, length_normalize=adv.length_normalize, lengths=lengths(mask),
+            clip=adv.clip, tis_cap=adv.tis_cap,
+        )  # fmt: skip
+        return grpo.token_advantages(advantages=out_o.advantages, mask=mask), out_o.advantages, out_o.metrics
+    assert isinstance(adv, S.OtbAdvantage) and b.sum_p2 is not None
+    out_t = otb.otb_advantages(
+        returns=where_masked(broadcast_seq(seq_r, logp), mask), token_logp=prox, sum_p2=b.sum_p2.detach(),
+        mask=mask, group_ids=b.group_ids, token_weights=safe_exp(ell) if adv.importance_weighted else None,
+    )  # fmt: skip
+    return out_t.advantages, None, out_t.metrics
+
+
+def _correct(
+    c: Any, *, b: LossBatch, logp: Tensor, prox: Tensor, behav: Tensor, ell: Tensor, adv_tok: Tensor,
+    adv_seq: Tensor | None, mask: Tensor,
+) -> Corrected:  # fmt: skip
+    """Apply one correction (spec ``c``) to the current mask."""
+    if isinstance(c, S.TokenTIS):
+        return weights.token_tis(log_ratio=ell, mask=mask, cap=c.cap, floor=c.floor, renormalize=c.renormalize)
+    if isinstance(c, S.SeqTIS):
+        return weights.seq_tis(log_ratio=ell, mask=mask, cap=c.cap)
+    mis = {"token_mis": weights.token_mis, "seq_mis": weights.seq_mis, "geo_mis": weights.geo_mis}
+    if c.type in mis or isinstance(c, S.IcePop):
+        fn = weights.icepop if isinstance(c, S.IcePop) else mis[c.type]
+        return fn(log_ratio=ell, mask=mask, lower=c.lower, upper=c.upper, weight=c.weight)
+    if isinstance(c, S.TokenVeto):
+        return weights.token_veto(log_ratio=ell, mask=mask, threshold=c.threshold)
+    if isinstance(c, S.Rejection):
+        return rejection.divergence_rejection(
+            log_ratio=ell, mask=mask, metric=c.metric, level=c.level, seq_agg=c.seq_agg, lower=c.lower, upper=c.upper
+        )
+    if isinstance(c, S.OPSM):
+        a = adv_seq if adv_seq is not None else masked_mean(adv_tok, mask, dim=-1)
+        return rejection.opsm(logp=logp, behav_logp=behav, advantages=a, mask=mask, delta=c.delta)
+    if isinstance(c, S.PrefixRatio):
+        return weights.prefix_ratio(log_ratio=ell, mask=mask, cap=c.cap)
+    if isinstance(c, S.M2POMask):
+        return m2po.m2po_mask(
+            log_ratio=behav - prox, mask=mask, tau=c.tau, harmful_only=c.harmful_only, advantages=adv_tok
+        )  # δ = log μ − log π_prox
+    if isinstance(c, S.VacoFilter):
+        level = "geometric" if c.level == "sequence" else "token"
+        return filters.vaco_filter(
+            logp=logp, behav_logp=behav, advantages=adv_tok, mask=mask, delta=c.delta, level=level
+        )
+    if isinstance(c, S.CopcMask):
+        return filters.copc_actor_mask(logp=logp, behav_logp=behav, mask=mask, c_low=c.c_low, c_high=c.c_high)
+    assert isinstance(c, S.ESTRMask) and b.behav_entropy is not None
+    kw = {} if c.tau is None else {"tau": c.tau}
+    return filters.estr_mask(logp=logp, behav_logp=behav, behav_entropy=b.behav_entropy, mask=mask, **kw)
+
+
+def _objective(
+    method: S.MethodSpec, *, b: LossBatch, logp: Tensor, prox: Tensor, behav: Tensor, adv_tok: Tensor,
+    adv_seq: Tensor | None, mask: Tensor, w: Tensor, seq_rewards: Tensor | None,
+) -> LossOutput:  # fmt: skip
+    obj = method.objective
+    common = {"logp": logp, "prox_logp": prox, "mask": mask, "agg": method.agg, "norm_len": method.norm_len}
+    if isinstance(obj, S.PPOClip):
+        return ppo.ppo_clip_loss(
+            **common, advantages=adv_tok, weights=w, clip_low=obj.clip_low, clip_high=obj.clip_high,
+            dual_clip=obj.dual_clip,
+        )  # fmt: skip
+    if isinstance(obj, S.Reinforce):
+        return ppo.reinforce_loss(**common, advantages=adv_tok, weights=w)
+    if isinstance(obj, S.GSPO):
+        return ppo.gspo_loss(**common, advantages=adv_tok, weights=w, clip_low=obj.clip_low, clip_high=obj.clip_high)
+    if isinstance(obj, S.M2POClip):
+        rng = m2po.m2po_clip_range(
+            log_ratio=behav - prox, mask=mask, advantages=adv_tok, tau=obj.tau,
+            floor_low=obj.floor_low, floor_high=obj.floor_high,
+        )  # fmt: skip
+        out = ppo.ppo_clip_loss(**common, advantages=adv_tok, weights=w, clip_low=rng.clip_low, clip_high=rng.clip_high)
+        return LossOutput(out.loss, {**out.metrics, **rng.metrics})
+    a_seq = adv_seq if adv_seq is not None else masked_mean(adv_tok, mask, dim=-1)
+    if isinstance(obj, S.TICGRPO):
+        # Sequence weight of the corrections: their masked mean (exact for sequence-level corrections).
+        return tic_grpo.tic_grpo_loss(
+            logp=logp, prox_logp=prox, advantages=a_seq, mask=mask, weights=masked_mean(w, mask, dim=-1),
+            clip_eps=obj.eps, upper_only=obj.upper_only,
+        )  # fmt: skip
+    if isinstance(obj, S.GMCGRPO):
+        assert b.group_ids is not None
+        return gmc_grpo.gmc_grpo_loss(
+            logp=logp, prox_logp=prox, behav_logp=behav, advantages=a_seq, mask=mask, group_ids=b.group_ids,
+            eps=obj.eps, cap=obj.cap, agg=method.agg, norm_len=method.norm_len,
+        )  # fmt: skip
+    assert isinstance(obj, S.OAPL) and seq_rewards is not None and b.group_ids is not None
+    return oapl.oapl_loss(
+        logp=logp, behav_logp=behav, rewards=seq_rewards, group_ids=b.group_ids, mask=mask,
+        beta1=obj.beta1, beta2=obj.beta2,
+    )  # fmt: skip
+
+
+def _rename_is(metrics: Metrics, prefix: str) -> Metrics:
+    """Correction metrics under ``is/`` move to ``<prefix>/`` (the ``is/`` namespace belongs to the diagnostics)."""
+    return {(f"{prefix}/{k[3:]}" if k.startswith("is/") else k): v for k, v in metrics.items()}
+
+
+def compute_loss(
+    method: str | S.MethodSpec,
+    batch: LossBatch | Mapping[str, Any],
+    *,
+    overrides: Mapping[str, Any] | None = None,
+) -> LossOutput:
+    """The loss-level part of ``method`` on ``batch``: ``(loss, metrics)``.
+
+    ``method``: a preset name, a composition (``"seq_tis+gac"``) or a resolved ``MethodSpec``; ``overrides`` as in
+    :func:`steadyrl.methods.resolve_method`. ``batch``: a mapping or :class:`LossBatch` with ``logp`` [B,T]
+    (with gradient), ``behav_logp`` [B,T], ``mask`` [B,T] and what the method needs (``rewards`` and ``group_ids``
+    for group advantages, ``grad_sq_norms`` for OPOB, ...): a missing tensor is a ``ValueError`` naming it.
+    Step-level controllers (ESS step size, GAC) are not applied here; see :mod:`steadyrl.control`.
+    """
+    spec = resolve_method(method, overrides) if isinstance(method, str) or overrides else method
+    assert isinstance(spec, S.MethodSpec)
+    b = LossBatch.from_any(batch)
+    b.require(required_inputs(spec), spec.name)
+    mask0 = as_bool_mask(b.mask)
+    logp = b.logp
+    behav = b.behav_logp.detach()
+    measured = b.prox_logp.detach() if b.prox_logp is not None else logp.detach()
+    prox = behav if spec.policy == "bypass" else measured
+    ell = where_masked(prox - behav, mask0)  # ℓ = log π_prox − log μ (detached)
+
+    adv_tok, adv_seq, metrics = _advantages(spec, b, logp=logp, prox=prox, behav=behav, ell=ell, mask=mask0)
+    metrics = dict(metrics)
+    w = torch.ones_like(logp).detach()
+    mask = mask0
+    for c in spec.corrections:
+        res = _correct(
+            c, b=b, logp=logp, prox=prox, behav=behav, ell=ell, adv_tok=adv_tok, adv_seq=adv_seq, mask=mask
+        )
+        w = w * res.weights
+        mask = res.mask
+        metrics.update(_rename_is(res.metrics, c.type))
+    seq_rewards = _rewards(spec, b, logp, mask0)[0] if spec.objective.type == "oapl" else None
+    out = _objective(
+        spec, b=b, logp=logp, prox=prox, behav=behav, adv_tok=adv_tok, adv_seq=adv_seq, mask=mask, w=w,
+        seq_rewards=seq_rewards,
+    )  # fmt: skip
+    loss = out.loss
+    metrics.update(out.metrics)
+    if isinstance(spec.kl, S.KLInLoss):
+        assert b.ref_logp is not None
+        ref = core_kl.reference_kl(logp=logp, ref_logp=b.ref_logp, mask=mask, kind=spec.kl.kind)
+        kl_term = aggregate(ref.kl, mask, spec.agg, norm_len=spec.norm_len)
+        loss = loss + spec.kl.beta * kl_term
+        metrics.update(ref.metrics)
+        metrics["loss/kl"] = kl_term.detach()
+
+    metrics.update(
+        staleness_diagnostics(
+            logp=measured, behav_logp=behav, mask=mask0, versions=b.versions, learner_version=b.learner_version
+        )
+    )
+    for ctrl in spec.controllers:
+        if isinstance(ctrl, S.EssStepSize):
+            S_seq = seq_log_ratio(where_masked(measured - behav, mask0), mask0)
+            ess = sequence_ess(log_weights=S_seq, valid=mask0.any(dim=-1), cap=ctrl.clip)
+            metrics["vcpo/ess_ratio"] = ess.ess_ratio.detach()
+    n0 = mask0.sum().clamp(min=1)
+    metrics["loss/masked_frac"] = (1 - mask.sum() / n0).to(logp.dtype).detach()
+    metrics["loss/all_masked"] = all_masked_flag(mask)
+    metrics["loss/total"] = loss.detach()
+    return LossOutput(loss, {k: v.detach() for k, v in metrics.items()})

@@ -1,0 +1,167 @@
+"""compute_loss over the whole catalog: properties every method must have, and end-to-end float64 references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from steadyrl import compute_loss, resolve_method
+from steadyrl.methods import PRESETS, required_inputs
+from steadyrl.methods.batch import KEY_DOCS
+from tests.methods._batch import make_batch
+
+ALL = [p.name for p in PRESETS]
+DIAGNOSTICS = ("is/ess_ratio", "is/weight_max", "kl/k3", "lag/mean", "lag/max", "loss/all_masked", "loss/total")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_method_runs_and_backpropagates(name: str) -> None:
+    batch = make_batch()
+    loss, metrics = compute_loss(name, batch)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert batch["logp"].grad is not None and torch.isfinite(batch["logp"].grad).all()
+    for key in DIAGNOSTICS:
+        assert key in metrics, key
+    assert all(not v.requires_grad and v.dim() == 0 for v in metrics.values())
+    assert torch.equal(metrics["lag/max"], torch.tensor(7.0, dtype=metrics["lag/max"].dtype))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fully_masked_batch_gives_zero_loss_zero_grad_and_flag(name: str) -> None:
+    batch = make_batch()
+    batch["mask"] = torch.zeros_like(batch["mask"])
+    loss, metrics = compute_loss(name, batch)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert torch.count_nonzero(batch["logp"].grad) == 0
+    assert metrics["loss/all_masked"].item() == 1.0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_extreme_log_ratios_stay_finite(name: str) -> None:
+    batch = make_batch()
+    sign = torch.where(torch.rand(batch["behav_logp"].shape, generator=torch.Generator().manual_seed(1)) > 0.5, 1, -1)
+    batch["behav_logp"] = batch["logp"].detach() + 1000.0 * sign
+    loss, metrics = compute_loss(name, batch)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(batch["logp"].grad).all()
+    assert all(torch.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_gradient_flows_only_through_logp(name: str) -> None:
+    batch = make_batch()
+    for key in ("behav_logp", "ref_logp", "values", "grad_sq_norms", "sum_p2", "behav_entropy"):
+        batch[key] = batch[key].clone().requires_grad_(True)
+    batch["prox_logp"] = batch["logp"].detach().clone().requires_grad_(True)
+    loss, _ = compute_loss(name, batch)
+    loss.backward()
+    for key in ("behav_logp", "prox_logp", "ref_logp", "values", "grad_sq_norms", "sum_p2", "behav_entropy"):
+        assert batch[key].grad is None, key
+
+
+# Correction presets: on-policy (μ = π_prox = π_θ) they must reduce to the objective they correct.
+CORRECTIONS = [p.name for p in PRESETS if p.fields.get("corrections") and "advantage" not in p.fields]
+
+
+@pytest.mark.parametrize("name", CORRECTIONS)
+@given(seed=st.integers(0, 10_000))
+def test_on_policy_corrections_reduce_to_the_plain_objective(name: str, seed: int) -> None:
+    spec = resolve_method(name)
+    plain = spec.model_copy(update={"corrections": (), "recompute_prox": False})
+    b1, b2 = make_batch(seed=seed, on_policy=True), make_batch(seed=seed, on_policy=True)
+    loss, metrics = compute_loss(spec, b1)
+    ref, _ = compute_loss(plain, b2)
+    loss.backward()
+    ref.backward()
+    assert torch.allclose(loss, ref, atol=1e-12)
+    assert torch.allclose(b1["logp"].grad, b2["logp"].grad, atol=1e-12)
+    assert metrics["loss/masked_frac"].item() == 0.0
+
+
+@given(seed=st.integers(0, 10_000))
+def test_on_policy_gmc_equals_grpo_gradient(seed: int) -> None:
+    b1, b2 = make_batch(seed=seed, on_policy=True), make_batch(seed=seed, on_policy=True)
+    compute_loss("gmc_grpo", b1).loss.backward()
+    compute_loss("grpo", b2, overrides={"objective.type": "reinforce"}).loss.backward()
+    assert torch.allclose(b1["logp"].grad, b2["logp"].grad, atol=1e-12)
+
+
+def _seq_tis_reference(batch: dict[str, torch.Tensor], cap: float = 8.0) -> float:
+    """ALGORITHMS.md by hand: A_i = GRPO (unbiased std + 1e-6); w̄_i = min(exp S_i, C); seq-mean-token-mean of −A w̄."""
+    logp, behav, mask = batch["logp"].detach(), batch["behav_logp"], batch["mask"]
+    R, gid = batch["rewards"].tolist(), batch["group_ids"].tolist()
+    B, T = logp.shape
+    per_seq = []
+    for i in range(B):
+        members = [R[j] for j in range(B) if gid[j] == gid[i]]
+        mean = sum(members) / len(members)
+        std = (sum((r - mean) ** 2 for r in members) / (len(members) - 1)) ** 0.5
+        A = (R[i] - mean) / (std + 1e-6)
+        toks = [t for t in range(T) if mask[i, t]]
+        S = sum(float(logp[i, t] - behav[i, t]) for t in toks)
+        w = min(torch.exp(torch.tensor(S, dtype=torch.float64)).item(), cap)
+        if toks:
+            per_seq.append(sum(-A * w for _ in toks) / len(toks))
+    return sum(per_seq) / len(per_seq)
+
+
+@given(seed=st.integers(0, 10_000))
+def test_seq_tis_matches_float64_reference(seed: int) -> None:
+    batch = make_batch(seed=seed)
+    loss, _ = compute_loss("seq_tis", batch)
+    assert loss.item() == pytest.approx(_seq_tis_reference(batch), abs=1e-10)
+
+
+def test_bypass_uses_behavior_as_proximal() -> None:
+    batch = make_batch(seed=3)
+    _loss, metrics = compute_loss("token_tis+bypass", batch)
+    # π_prox := μ: no behavior weight (all 1), and the PPO ratio is π_θ/μ, far from 1 here.
+    assert metrics["token_tis/weight_max"].item() == pytest.approx(1.0)
+    assert metrics["loss/ratio_max"].item() > 1.2
+
+
+def test_prox_logp_is_used_for_weights_when_given() -> None:
+    batch = make_batch(seed=4)
+    batch["prox_logp"] = batch["behav_logp"].clone()
+    _, metrics = compute_loss("seq_tis", batch)
+    assert metrics["is/ess_ratio"].item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "key"), [("vcpo", "grad_sq_norms"), ("copc", "values"), ("estr", "behav_entropy"), ("otb", "sum_p2")]
+)
+def test_missing_tensor_is_named(name: str, key: str) -> None:
+    batch = make_batch()
+    del batch[key]
+    with pytest.raises(ValueError, match=key) as err:
+        compute_loss(name, batch)
+    assert KEY_DOCS[key].split("]")[0] in str(err.value)
+
+
+def test_bad_batch_errors_name_the_key() -> None:
+    batch = make_batch()
+    with pytest.raises(ValueError, match="unknown batch key"):
+        compute_loss("grpo", {**batch, "old_logp": batch["logp"]})
+    with pytest.raises(ValueError, match="'behav_logp' must have"):
+        compute_loss("grpo", {**batch, "behav_logp": batch["behav_logp"][:, :3]})
+    with pytest.raises(ValueError, match="'group_ids' must be an integer"):
+        compute_loss("grpo", {**batch, "group_ids": batch["group_ids"].double()})
+    with pytest.raises(ValueError, match="missing 'mask'"):
+        compute_loss("grpo", {k: v for k, v in batch.items() if k != "mask"})
+
+
+def test_required_inputs_cover_each_method() -> None:
+    for p in PRESETS:
+        needs = required_inputs(resolve_method(p.name))
+        assert set(needs) <= set(KEY_DOCS), p.name
+
+
+def test_ess_lr_controller_input_is_emitted() -> None:
+    _, metrics = compute_loss("seq_tis+ess_lr", make_batch(scale=1.0))
+    assert 0.0 < metrics["vcpo/ess_ratio"].item() < 1.0
+    assert metrics["vcpo/ess_ratio"].item() == pytest.approx(metrics["is/ess_ratio"].item())
