@@ -165,3 +165,41 @@ def test_ess_lr_controller_input_is_emitted() -> None:
     _, metrics = compute_loss("seq_tis+ess_lr", make_batch(scale=1.0))
     assert 0.0 < metrics["vcpo/ess_ratio"].item() < 1.0
     assert metrics["vcpo/ess_ratio"].item() == pytest.approx(metrics["is/ess_ratio"].item())
+
+
+def test_m2po_measures_the_mismatch_also_in_bypass_mode() -> None:
+    batch = make_batch(seed=5, scale=1.0)
+    _, metrics = compute_loss("m2po+bypass", batch)
+    assert metrics["m2po/masked_frac"].item() > 0.0
+    assert metrics["m2po/m2_before"].item() > 0.04
+
+
+def test_kl_in_reward_reports_its_penalty() -> None:
+    _, metrics = compute_loss("kl_in_reward", make_batch(seed=6))
+    assert "kl/ref_mean" in metrics
+
+
+def test_otb_gets_the_return_to_go_of_token_rewards() -> None:
+    from steadyrl.core.advantages.otb import otb_advantages
+    from steadyrl.core.masking import safe_exp
+
+    batch = make_batch(seed=7)
+    B, T = batch["logp"].shape
+    g = torch.Generator().manual_seed(0)
+    batch["rewards"] = torch.rand(B, T, generator=g, dtype=torch.float64)
+    mask = batch["mask"]
+    rtg = torch.zeros(B, T, dtype=torch.float64)
+    for i in range(B):  # G_t = Σ_{k ≥ t, trained} r_k, by hand
+        for t in range(T):
+            if mask[i, t]:
+                rtg[i, t] = sum(float(batch["rewards"][i, k]) for k in range(t, T) if mask[i, k])
+    prox = batch["logp"].detach()
+    ell = torch.where(mask, prox - batch["behav_logp"], 0.0)
+    expect = otb_advantages(
+        returns=rtg, token_logp=prox, sum_p2=batch["sum_p2"], mask=mask, group_ids=batch["group_ids"],
+        token_weights=safe_exp(ell),
+    ).advantages  # fmt: skip
+    spec = resolve_method("otb", {"objective.type": "reinforce", "agg": "token-mean"})
+    loss, _ = compute_loss(spec, batch)
+    ref = -(expect[mask]).mean()  # REINFORCE at r = 1, no correction: −mean A over trained tokens
+    assert loss.item() == pytest.approx(ref.item(), abs=1e-10)

@@ -19,7 +19,6 @@ from steadyrl.core.masking import (
     masked_mean,
     masked_min,
     safe_exp,
-    seq_log_ratio,
     where_masked,
 )
 from steadyrl.core.types import Metrics
@@ -63,13 +62,13 @@ def lag_metrics(
     ref = masked_max(v, m) if learner_version is None else v.new_full((), learner_version)
     lag = ref - v  # lag_{i,t} = learner_version − v_{i,t}
     nonempty = m.any(dim=-1)
-    oldest = torch.where(m, lag, torch.full_like(lag, -torch.inf)).amax(dim=-1)  # max lag in sequence i
-    newest = torch.where(m, lag, torch.full_like(lag, torch.inf)).amin(dim=-1)  # min lag in sequence i
+    oldest = where_masked(lag, m, fill=-torch.inf).amax(dim=-1)  # max lag in sequence i
+    newest = where_masked(lag, m, fill=torch.inf).amin(dim=-1)  # min lag in sequence i
     return detach_metrics(
         {
             "lag/mean": masked_mean(lag, m),
-            "lag/max": masked_max(lag, m),
-            "lag/min": masked_min(lag, m),
+            "lag/max": _seq_max(oldest, nonempty),  # the batch max is the max of the sequence maxima
+            "lag/min": _seq_min(newest, nonempty),
             "lag/oldest_token_mean": _seq_mean(oldest, nonempty),
             "lag/newest_token_mean": _seq_mean(newest, nonempty),
         }
@@ -109,8 +108,8 @@ def staleness_diagnostics(
     """
     check_bounds(None, cap)
     m = as_bool_mask(mask)
-    ell = where_masked(logp.detach() - behav_logp.detach(), m)  # ℓ = log π − log μ
-    S = seq_log_ratio(ell, m)  # S_i = Σ_t m ℓ
+    ell = where_masked(logp.detach() - behav_logp.detach(), m)  # ℓ = log π − log μ, 0 off the mask
+    S = ell.sum(dim=-1)  # S_i = Σ_t m ℓ (``masking.seq_log_ratio``; ℓ is already masked)
     nonempty = m.any(dim=-1)
     seq_ess = sequence_ess(log_weights=S, valid=nonempty)
     tok_ess = token_ess(log_ratio=ell, mask=m)
@@ -127,7 +126,7 @@ def staleness_diagnostics(
         "is/seq_truncated_frac": (nonempty & (log_bound(cap, like=S) < S)).sum().to(S.dtype) / n_seq,
         "kl/k1": kl.metrics["kl/k1"],
         "kl/k3": kl.metrics["kl/k3"],
-        "kl/max_abs_logp_diff": masked_max(ell.abs(), m),
+        "kl/max_abs_logp_diff": ell.abs().amax(),  # ℓ = 0 off the mask: the masked max of |ℓ| (0 when empty)
     }
     if versions is not None:
         metrics.update(lag_metrics(versions=versions, mask=m, learner_version=learner_version, dtype=S.dtype))

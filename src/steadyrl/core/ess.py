@@ -65,13 +65,13 @@ def sequence_ess(
     S = log_weights.detach()
     if cap is not None:
         S = torch.minimum(S, log_bound(cap, like=S))  # log min(w, C) = min(S, log C)
-    neg_inf = torch.full_like(S, -torch.inf)
-    n_valid = v.sum().to(S.dtype)
+    n_valid = torch.count_nonzero(v).to(S.dtype)
+    S_valid = torch.where(v, S, -torch.inf)  # invalid weights are exp(−inf) = 0
     # ESS is scale invariant: shift by max_i S_i so both logsumexps are O(log n) and keep full precision.
-    shift = torch.where(v, S, neg_inf).amax()
-    S = S - torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-    lse1 = torch.logsumexp(torch.where(v, S, neg_inf), dim=0)  # log Σ w
-    lse2 = torch.logsumexp(torch.where(v, 2.0 * S, neg_inf), dim=0)  # log Σ w²
+    shift = S_valid.amax()
+    S_valid = S_valid - torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))  # −inf stays −inf
+    lse1 = torch.logsumexp(S_valid, dim=0)  # log Σ w
+    lse2 = torch.logsumexp(2.0 * S_valid, dim=0)  # log Σ w²
     any_valid = n_valid > 0
     log_ess = torch.where(any_valid, 2.0 * lse1 - torch.where(any_valid, lse2, 0.0), -torch.inf)  # 2·lse(S) − lse(2S)
     ess = torch.exp(log_ess)  # log ESS ≤ log n: no overflow

@@ -109,8 +109,10 @@ def mismatch_kl(
     """
     m = as_bool_mask(mask)
     x = where_masked(log_ratio.detach(), m)
-    k1, k2, k3 = (where_masked(k, m) for k in mismatch_estimators(x, convention=convention))
-    metrics = {"kl/k1": masked_mean(k1, m), "kl/k2": masked_mean(k2, m), "kl/k3": masked_mean(k3, m)}
+    # x = 0 off the mask, where every estimator is 0 too (k1 = −0): no re-masking, and a token mean is a plain sum.
+    k1, k2, k3 = mismatch_estimators(x, convention=convention)
+    n = torch.count_nonzero(m).clamp(min=1).to(x.dtype)
+    metrics = {"kl/k1": k1.sum() / n, "kl/k2": k2.sum() / n, "kl/k3": k3.sum() / n}
     return MismatchKL(k1, k2, k3, detach_metrics(metrics))
 
 

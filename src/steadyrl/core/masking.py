@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Shaped
 from torch import Tensor
 
 from steadyrl.core.types import LOG_RATIO_CLAMP
@@ -26,6 +26,8 @@ def as_bool_mask(mask: Tensor) -> Bool[Tensor, "..."]:
 
 def where_masked(x: Tensor, mask: Tensor, fill: float = 0.0) -> Tensor:
     """``x`` where ``mask`` holds, ``fill`` elsewhere (gradient-safe: masked positions get zero gradient)."""
+    if x.is_floating_point():
+        return torch.where(mask, x, fill)  # a Python scalar keeps x's dtype and allocates no [B, T] fill buffer
     return torch.where(mask, x, torch.full_like(x, fill))
 
 
@@ -37,19 +39,20 @@ def masked_sum(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], dim: int | No
 
 def masked_mean(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], dim: int | None = None) -> Tensor:
     """Mean of ``x`` over masked-in positions; 0 (not NaN) where nothing is masked in."""
-    n = mask.sum() if dim is None else mask.sum(dim=dim)
+    # count_nonzero reduces a bool mask in place; mask.sum() first copies it to an int64 [B, T] tensor.
+    n = torch.count_nonzero(mask) if dim is None else mask.sum(dim=dim)
     return masked_sum(x, mask, dim) / n.clamp(min=1).to(x.dtype)
 
 
 def masked_max(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Tensor:
     """Max of ``x`` over masked-in positions (0 when none)."""
-    m = torch.where(mask, x, torch.full_like(x, -torch.inf)).amax()
+    m = where_masked(x, mask, fill=-torch.inf).amax()
     return torch.where(mask.any(), m, torch.zeros_like(m))
 
 
 def masked_min(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Tensor:
     """Min of ``x`` over masked-in positions (0 when none)."""
-    m = torch.where(mask, x, torch.full_like(x, torch.inf)).amin()
+    m = where_masked(x, mask, fill=torch.inf).amin()
     return torch.where(mask.any(), m, torch.zeros_like(m))
 
 
@@ -65,7 +68,9 @@ def clamp_log_ratio(log_ratio: Tensor, bound: float = LOG_RATIO_CLAMP) -> Tensor
 
 def safe_exp(log_ratio: Tensor, bound: float = LOG_RATIO_CLAMP) -> Tensor:
     """``exp(clamp(log_ratio, ±bound))``: a ratio materialized from a log-ratio without overflow."""
-    return torch.exp(clamp_log_ratio(log_ratio, bound))
+    # exp in place on the clamp's fresh output: one [B, T] buffer instead of two (clamp's backward needs its input,
+    # not its output, so autograd allows it).
+    return clamp_log_ratio(log_ratio, bound).exp_()
 
 
 def seq_log_ratio(log_ratio: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, " B"]:
@@ -78,8 +83,8 @@ def geo_log_ratio(log_ratio: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) ->
     return masked_mean(log_ratio, mask, dim=-1)
 
 
-def broadcast_seq(x: Float[Tensor, " B"], like: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
-    """Broadcast a per-sequence value to every token of its sequence."""
+def broadcast_seq(x: Float[Tensor, " B"], like: Shaped[Tensor, "B T"]) -> Float[Tensor, "B T"]:
+    """Broadcast a per-sequence value to every token of its sequence (a view; ``like`` only gives the shape)."""
     return x.unsqueeze(-1).expand_as(like)
 
 
@@ -106,7 +111,7 @@ def aggregate(
     if mode not in AGG_MODES:
         raise ValueError(f"loss aggregation mode {mode!r} is not one of {', '.join(AGG_MODES)}")
     if mode == "token-mean":
-        return masked_sum(loss_tok, mask) / mask.sum().clamp(min=1).to(loss_tok.dtype)
+        return masked_sum(loss_tok, mask) / torch.count_nonzero(mask).clamp(min=1).to(loss_tok.dtype)
     if mode == "seq-mean-token-sum-norm":
         B, T = loss_tok.shape
         denom = B * (float(T) if norm_len is None else float(norm_len))

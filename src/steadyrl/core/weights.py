@@ -43,8 +43,6 @@ from steadyrl.core.masking import (
     broadcast_seq,
     detach_metrics,
     geo_log_ratio,
-    masked_max,
-    masked_mean,
     masked_min,
     safe_exp,
     seq_log_ratio,
@@ -122,12 +120,14 @@ def check_choice(name: str, value: str | None, choices: tuple[str | None, ...]) 
 
 def in_log_bounds(log_value: Tensor, *, lower: float | None, upper: float | None) -> Tensor:
     """Elementwise log_value ∈ [log lower, log upper] (inclusive; an absent bound always holds). No ``exp``."""
-    keep = torch.ones_like(log_value, dtype=torch.bool)
+    tests = []
     if lower is not None:
-        keep = keep & (log_value >= log_bound(lower, like=log_value))  # ρ ≥ lower ⇔ ℓ ≥ log lower
+        tests.append(log_value >= log_bound(lower, like=log_value))  # ρ ≥ lower ⇔ ℓ ≥ log lower
     if upper is not None:
-        keep = keep & (log_value <= log_bound(upper, like=log_value))  # ρ ≤ upper ⇔ ℓ ≤ log upper
-    return keep
+        tests.append(log_value <= log_bound(upper, like=log_value))  # ρ ≤ upper ⇔ ℓ ≤ log upper
+    if not tests:
+        return torch.ones_like(log_value, dtype=torch.bool)
+    return tests[0] if len(tests) == 1 else tests[0] & tests[1]
 
 
 def correction_metrics(
@@ -139,22 +139,25 @@ def correction_metrics(
 ) -> Metrics:
     """The ``is/`` metrics every correction logs (see the module docstring); detached 0-d tensors.
 
+    ``weights`` follow the corrections' convention: ≥ 0, and 0 outside ``mask_out``. The mean and the max over the
+    kept tokens are then plain reductions of the whole tensor (the zeros add nothing and never exceed a weight).
+
     With ``truncated`` (a truncation): ``is/truncated_frac`` = |truncated ∧ mask_in| / |mask_in|. Without it (a
     masking correction): ``is/masked_frac``, ``is/seq_masked_frac`` and ``loss/all_masked``.
     """
     dtype = weights.dtype
-    n_in = mask_in.sum().clamp(min=1).to(dtype)
+    n_in = torch.count_nonzero(mask_in).clamp(min=1).to(dtype)
     metrics: Metrics = {
-        "is/weight_mean": masked_mean(weights, mask_out),
-        "is/weight_max": masked_max(weights, mask_out),
+        "is/weight_mean": weights.sum() / torch.count_nonzero(mask_out).clamp(min=1).to(dtype),  # w = 0 off mask
+        "is/weight_max": weights.amax(),  # w ≥ 0, and 0 off the mask (0 when nothing is kept)
         "is/weight_min": masked_min(weights, mask_out),
     }
     if truncated is not None:
-        metrics["is/truncated_frac"] = (truncated & mask_in).sum().to(dtype) / n_in
+        metrics["is/truncated_frac"] = torch.count_nonzero(truncated & mask_in).to(dtype) / n_in
     else:
         seq_in = mask_in.any(dim=-1)
         seq_removed = seq_in & ~mask_out.any(dim=-1)
-        metrics["is/masked_frac"] = (mask_in & ~mask_out).sum().to(dtype) / n_in
+        metrics["is/masked_frac"] = torch.count_nonzero(mask_in & ~mask_out).to(dtype) / n_in
         metrics["is/seq_masked_frac"] = seq_removed.sum().to(dtype) / seq_in.sum().clamp(min=1).to(dtype)
         metrics["loss/all_masked"] = all_masked_flag(mask_out)
     return detach_metrics(metrics)
@@ -212,7 +215,8 @@ def token_tis(
         truncated = truncated | (ell < log_floor)
         log_w = torch.maximum(log_w, log_floor)  # TRL: clamp(ρ, C_min, C)
     w = where_masked(safe_exp(log_w), m)
-    w = where_masked(_renormalize(w, m, renormalize), m)
+    if renormalize is not None:
+        w = where_masked(_renormalize(w, m, renormalize), m)
     return Corrected(w, m, correction_metrics(weights=w, mask_in=m, mask_out=m, truncated=truncated))
 
 
@@ -247,7 +251,8 @@ def seq_tis(
     seq_truncated = log_cap < S  # exp(S_i) > C
     log_w = torch.minimum(S, log_cap)  # log w̄_i = min(S_i, log C)
     w = where_masked(broadcast_seq(safe_exp(log_w), ell), m)
-    w = where_masked(_renormalize(w, m, renormalize), m)
+    if renormalize is not None:
+        w = where_masked(_renormalize(w, m, renormalize), m)
     truncated = broadcast_keep(seq_truncated, m)
     metrics = correction_metrics(weights=w, mask_in=m, mask_out=m, truncated=truncated)
     nonempty = m.any(dim=-1)

@@ -9,7 +9,9 @@ The pipeline, in the order it runs (ALGORITHMS.md, "Two policies or three"):
 3. **Advantages.** GRPO / Dr.GRPO, OPOB, OTB, COPC TD, or given; sequence advantages are broadcast to tokens.
 4. **Corrections**, in the method's order: each returns detached token weights and a mask; weights multiply, masks
    intersect. Their ``is/...`` metrics are renamed ``<correction>/...`` so they never shadow the diagnostics.
-5. **Objective** on the surviving tokens, aggregated with the method's ``agg`` mode.
+5. **Objective** on the surviving tokens, aggregated with the method's ``agg`` mode. GMC-GRPO computes its own
+   sequence weights and OAPL has no importance ratio: with them, corrections act through their masks only (their
+   weights are not applied). TIC-GRPO takes one weight per sequence: the masked mean of the correction weights.
 6. **KL in the loss** (optional), then the **diagnostics** every run logs (ESS, weights, mismatch KL, lag) measured
    on π_prox (or π_θ detached) against μ, and the inputs of the method's controllers (``vcpo/ess_ratio``).
 
@@ -20,9 +22,8 @@ gradients and ``loss/all_masked = 1``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-import torch
 from torch import Tensor
 
 from steadyrl.core import kl as core_kl
@@ -48,10 +49,20 @@ from steadyrl.methods.batch import LossBatch
 from steadyrl.methods.resolve import required_inputs, resolve_method
 
 
-def _rewards(method: S.MethodSpec, b: LossBatch, logp: Tensor, mask: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    """(sequence rewards [B], token rewards [B,T]) after an optional KL-in-reward penalty."""
+class _Rewards(NamedTuple):
+    seq: Tensor | None  # [B] return of each response
+    token: Tensor | None  # [B,T] reward at each token (outcome reward on the last trained token), when asked for
+    metrics: Metrics
+
+
+def _rewards(method: S.MethodSpec, b: LossBatch, logp: Tensor, mask: Tensor, *, tokens: bool = False) -> _Rewards:
+    """Sequence and token rewards after an optional KL-in-reward penalty.
+
+    Outcome rewards are placed on the last token only when ``tokens`` asks for them (token rewards are otherwise
+    None, unless the batch or the KL penalty makes them anyway).
+    """
     if b.rewards is None:
-        return None, None
+        return _Rewards(None, None, {})
     token_in = b.rewards if b.rewards.dim() == 2 else None
     seq_in = b.rewards if b.rewards.dim() == 1 else None
     if isinstance(method.kl, S.KLInReward):
@@ -60,11 +71,19 @@ def _rewards(method: S.MethodSpec, b: LossBatch, logp: Tensor, mask: Tensor) -> 
             logp=logp, ref_logp=b.ref_logp, mask=mask, rewards=seq_in, token_rewards=token_in,
             beta=method.kl.beta, kind=method.kl.kind,
         )  # fmt: skip
-        return out.returns, out.token_rewards
+        return _Rewards(out.returns, out.token_rewards, out.metrics)
     if token_in is not None:
-        return where_masked(token_in, mask).sum(-1), token_in
+        return _Rewards(where_masked(token_in, mask).sum(-1), token_in, {})
+    if not tokens:
+        return _Rewards(seq_in, None, {})
     last = core_kl.last_token_mask(mask)  # outcome reward on the last trained token
-    return seq_in, where_masked(broadcast_seq(seq_in, logp), last)
+    return _Rewards(seq_in, where_masked(broadcast_seq(seq_in, logp), last), {})
+
+
+def _return_to_go(token_rewards: Tensor, mask: Tensor) -> Tensor:
+    """G_t = Σ_{k≥t} m_k r_k (undiscounted), 0 outside the mask."""
+    r = where_masked(token_rewards, mask)
+    return where_masked(r.flip(-1).cumsum(-1).flip(-1), mask)
 
 
 def _advantages(
@@ -72,7 +91,8 @@ def _advantages(
 ) -> tuple[Tensor, Tensor | None, Metrics]:
     """(token advantages [B,T], sequence advantages [B] or None, metrics)."""
     adv = method.advantage
-    seq_r, tok_r = _rewards(method, b, logp, mask)
+    rw = _rewards(method, b, logp, mask, tokens=isinstance(adv, (S.CopcAdvantage, S.OtbAdvantage)))
+    seq_r, tok_r = rw.seq, rw.token
     if isinstance(adv, S.GivenAdvantage):
         a = b.advantages
         assert a is not None
@@ -86,13 +106,14 @@ def _advantages(
             rewards=tok_r, values=b.values.detach(), log_rhos=logp.detach() - behav, mask=mask,
             gamma=adv.gamma, lam=adv.lam, rho_min=adv.rho_min, rho_max=adv.rho_max,
         )  # fmt: skip
-        return out.advantages, None, out.metrics
+        return out.advantages, None, {**rw.metrics, **out.metrics}
     assert seq_r is not None and b.group_ids is not None
     if isinstance(adv, S.GrpoAdvantage):
         out_g = grpo.grpo_advantages(
             rewards=seq_r, group_ids=b.group_ids, scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased
         )
-        return grpo.token_advantages(advantages=out_g.advantages, mask=mask), out_g.advantages, out_g.metrics
+        metrics = {**rw.metrics, **out_g.metrics}
+        return grpo.token_advantages(advantages=out_g.advantages, mask=mask), out_g.advantages, metrics
     if isinstance(adv, S.OpobAdvantage):
         assert b.grad_sq_norms is not None
         out_o = opob.opob_advantages(
@@ -101,18 +122,19 @@ def _advantages(
             aggregation=adv.aggregation, length_normalize=adv.length_normalize, lengths=lengths(mask),
             clip=adv.clip, tis_cap=adv.tis_cap,
         )  # fmt: skip
-        return grpo.token_advantages(advantages=out_o.advantages, mask=mask), out_o.advantages, out_o.metrics
+        metrics = {**rw.metrics, **out_o.metrics}
+        return grpo.token_advantages(advantages=out_o.advantages, mask=mask), out_o.advantages, metrics
     assert isinstance(adv, S.OtbAdvantage) and b.sum_p2 is not None
     out_t = otb.otb_advantages(
-        returns=where_masked(broadcast_seq(seq_r, logp), mask), token_logp=prox, sum_p2=b.sum_p2.detach(),
+        returns=_return_to_go(tok_r, mask), token_logp=prox, sum_p2=b.sum_p2.detach(),
         mask=mask, group_ids=b.group_ids, token_weights=safe_exp(ell) if adv.importance_weighted else None,
     )  # fmt: skip
-    return out_t.advantages, None, out_t.metrics
+    return out_t.advantages, None, {**rw.metrics, **out_t.metrics}
 
 
 def _correct(
-    c: Any, *, b: LossBatch, logp: Tensor, prox: Tensor, behav: Tensor, ell: Tensor, adv_tok: Tensor,
-    adv_seq: Tensor | None, mask: Tensor,
+    c: Any, *, b: LossBatch, logp: Tensor, prox: Tensor, measured: Tensor, behav: Tensor, ell: Tensor,
+    adv_tok: Tensor, adv_seq: Tensor | None, mask: Tensor,
 ) -> Corrected:  # fmt: skip
     """Apply one correction (spec ``c``) to the current mask."""
     if isinstance(c, S.TokenTIS):
@@ -136,8 +158,8 @@ def _correct(
         return weights.prefix_ratio(log_ratio=ell, mask=mask, cap=c.cap)
     if isinstance(c, S.M2POMask):
         return m2po.m2po_mask(
-            log_ratio=behav - prox, mask=mask, tau=c.tau, harmful_only=c.harmful_only, advantages=adv_tok
-        )  # δ = log μ − log π_prox
+            log_ratio=behav - measured, mask=mask, tau=c.tau, harmful_only=c.harmful_only, advantages=adv_tok
+        )  # δ = log μ − log π_prox (measured, also under bypass)
     if isinstance(c, S.VacoFilter):
         level = "geometric" if c.level == "sequence" else "token"
         return filters.vaco_filter(
@@ -151,8 +173,8 @@ def _correct(
 
 
 def _objective(
-    method: S.MethodSpec, *, b: LossBatch, logp: Tensor, prox: Tensor, behav: Tensor, adv_tok: Tensor,
-    adv_seq: Tensor | None, mask: Tensor, w: Tensor, seq_rewards: Tensor | None,
+    method: S.MethodSpec, *, b: LossBatch, logp: Tensor, prox: Tensor, measured: Tensor, behav: Tensor,
+    adv_tok: Tensor, adv_seq: Tensor | None, mask: Tensor, w: Tensor | None, seq_rewards: Tensor | None,
 ) -> LossOutput:  # fmt: skip
     obj = method.objective
     common = {"logp": logp, "prox_logp": prox, "mask": mask, "agg": method.agg, "norm_len": method.norm_len}
@@ -167,7 +189,7 @@ def _objective(
         return ppo.gspo_loss(**common, advantages=adv_tok, weights=w, clip_low=obj.clip_low, clip_high=obj.clip_high)
     if isinstance(obj, S.M2POClip):
         rng = m2po.m2po_clip_range(
-            log_ratio=behav - prox, mask=mask, advantages=adv_tok, tau=obj.tau,
+            log_ratio=behav - measured, mask=mask, advantages=adv_tok, tau=obj.tau,
             floor_low=obj.floor_low, floor_high=obj.floor_high,
         )  # fmt: skip
         out = ppo.ppo_clip_loss(**common, advantages=adv_tok, weights=w, clip_low=rng.clip_low, clip_high=rng.clip_high)
@@ -175,8 +197,9 @@ def _objective(
     a_seq = adv_seq if adv_seq is not None else masked_mean(adv_tok, mask, dim=-1)
     if isinstance(obj, S.TICGRPO):
         # Sequence weight of the corrections: their masked mean (exact for sequence-level corrections).
+        w_seq = None if w is None else masked_mean(w, mask, dim=-1)
         return tic_grpo.tic_grpo_loss(
-            logp=logp, prox_logp=prox, advantages=a_seq, mask=mask, weights=masked_mean(w, mask, dim=-1),
+            logp=logp, prox_logp=prox, advantages=a_seq, mask=mask, weights=w_seq,
             clip_eps=obj.eps, upper_only=obj.upper_only,
         )  # fmt: skip
     if isinstance(obj, S.GMCGRPO):
@@ -224,19 +247,20 @@ def compute_loss(
 
     adv_tok, adv_seq, metrics = _advantages(spec, b, logp=logp, prox=prox, behav=behav, ell=ell, mask=mask0)
     metrics = dict(metrics)
-    w = torch.ones_like(logp).detach()
+    w: Tensor | None = None  # the product of the correction weights; None while it is all ones
     mask = mask0
     for c in spec.corrections:
         res = _correct(
-            c, b=b, logp=logp, prox=prox, behav=behav, ell=ell, adv_tok=adv_tok, adv_seq=adv_seq, mask=mask
-        )
-        w = w * res.weights
+            c, b=b, logp=logp, prox=prox, measured=measured, behav=behav, ell=ell, adv_tok=adv_tok,
+            adv_seq=adv_seq, mask=mask,
+        )  # fmt: skip
+        w = res.weights if w is None else w * res.weights
         mask = res.mask
         metrics.update(_rename_is(res.metrics, c.type))
-    seq_rewards = _rewards(spec, b, logp, mask0)[0] if spec.objective.type == "oapl" else None
+    seq_rewards = _rewards(spec, b, logp, mask0).seq if spec.objective.type == "oapl" else None
     out = _objective(
-        spec, b=b, logp=logp, prox=prox, behav=behav, adv_tok=adv_tok, adv_seq=adv_seq, mask=mask, w=w,
-        seq_rewards=seq_rewards,
+        spec, b=b, logp=logp, prox=prox, measured=measured, behav=behav, adv_tok=adv_tok, adv_seq=adv_seq,
+        mask=mask, w=w, seq_rewards=seq_rewards,
     )  # fmt: skip
     loss = out.loss
     metrics.update(out.metrics)

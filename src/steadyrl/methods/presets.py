@@ -39,7 +39,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "dr_grpo",
-        "Dr.GRPO: no std division, token sums normalized by a constant length",
+        "Dr.GRPO: no std division, token sums divided by B·norm_len (norm_len = the padded length T unless set)",
         "2503.20783",
         "exact",
         {"advantage": {"type": "grpo", "scale": "none"}, "agg": "seq-mean-token-sum-norm"},

@@ -79,7 +79,7 @@ class TokenTIS(_Strict):
 
     type: Literal["token_tis"] = "token_tis"
     cap: float = Field(W.TOKEN_TIS_CAP, gt=0, description="truncation C")
-    floor: float | None = Field(None, ge=0, description="also clamp from below (TRL's minimum)")
+    floor: float | None = Field(None, gt=0, description="also clamp from below (TRL's minimum)")
     renormalize: Literal["token", "sequence"] | None = Field(None, description="divide by the masked mean (verl)")
 
 
@@ -91,7 +91,7 @@ class SeqTIS(_Strict):
 
 
 class _MIS(_Strict):
-    lower: float | None = Field(None, ge=0, description="keep iff ratio ≥ lower (None: no lower bound)")
+    lower: float | None = Field(None, gt=0, description="keep iff ratio ≥ lower (None: no lower bound)")
     upper: float | None = Field(None, gt=0, description="keep iff ratio ≤ upper (None: no upper bound)")
     weight: Literal["ratio", "one"] = Field("ratio", description="weight carried by kept tokens")
 

@@ -115,7 +115,7 @@ def token_advantages(*, advantages: Float[Tensor, " B"], mask: Shaped[Tensor, "B
     ``torch.where``, so a non-finite A_i never reaches a masked-out token).
     """
     m = as_bool_mask(mask)
-    return where_masked(broadcast_seq(advantages, m.to(advantages.dtype)), m)
+    return where_masked(broadcast_seq(advantages, m), m)  # ``like`` only lends its shape: a view, no copy
 
 
 def sequence_advantage_metrics(

@@ -61,12 +61,15 @@ ClipRange = float | Float[Tensor, ""]
 
 
 class TokenInputs(NamedTuple):
-    """Policy-loss inputs after masking: masked-out positions hold neutral values (log-ratio 0, A 0, w 1)."""
+    """Policy-loss inputs after masking: masked-out positions hold neutral values (log-ratio 0, A 0, w 1).
+
+    ``weights`` is None when no correction weight was given (every w is 1: the losses skip the product).
+    """
 
     mask: Bool[Tensor, "B T"]
     log_ratio: Float[Tensor, "B T"]
     advantages: Float[Tensor, "B T"]
-    weights: Float[Tensor, "B T"]
+    weights: Float[Tensor, "B T"] | None
 
 
 class ClippedSurrogate(NamedTuple):
@@ -86,13 +89,19 @@ def prepare_token_inputs(
 ) -> TokenInputs:
     """Mask the inputs of a token-level policy loss: log r = log π_θ − log π_prox (π_prox detached), A, w (detached).
 
-    Masked-out positions get log r = 0, A = 0 and w = 1, so garbage there can reach neither the loss nor a gradient.
+    Masked-out positions get log r = 0, A = 0 and w = 1 (``weights`` None stays None: all ones), so garbage there
+    can reach neither the loss nor a gradient (the selection's backward sends exact zeros through the difference).
     """
     m = as_bool_mask(mask)
-    log_ratio = where_masked(logp, m) - where_masked(prox_logp.detach(), m)  # log r = log π_θ − log π_prox
+    log_ratio = where_masked(logp - prox_logp.detach(), m)  # log r = log π_θ − log π_prox
     adv = where_masked(advantages.detach(), m)
-    w = torch.ones_like(log_ratio) if weights is None else where_masked(weights.detach(), m, fill=1.0)
+    w = None if weights is None else where_masked(weights.detach(), m, fill=1.0)
     return TokenInputs(mask=m, log_ratio=log_ratio, advantages=adv, weights=w)
+
+
+def apply_weights(weights: Float[Tensor, "B T"] | None, x: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
+    """w · x, or x itself when there is no weight (w = 1: the same values without a [B, T] product)."""
+    return x if weights is None else weights * x
 
 
 def clipped_surrogate(
@@ -103,8 +112,9 @@ def clipped_surrogate(
     upper: Float[Tensor, ""],
 ) -> ClippedSurrogate:
     """PPO's pessimistic surrogate, elementwise: max(−A r, −A clip(r, lower, upper)) (arXiv 1707.06347, Eq. 7)."""
-    pg_unclipped = -advantages * ratio  # −A r
-    pg_clipped = -advantages * torch.clamp(ratio, min=lower, max=upper)  # −A clip(r, 1−ε_low, 1+ε_high)
+    neg_adv = -advantages
+    pg_unclipped = neg_adv * ratio  # −A r
+    pg_clipped = neg_adv * torch.clamp(ratio, min=lower, max=upper)  # −A clip(r, 1−ε_low, 1+ε_high)
     return ClippedSurrogate(loss=torch.maximum(pg_unclipped, pg_clipped), clipped=pg_clipped > pg_unclipped)
 
 
@@ -119,8 +129,9 @@ def ratio_metrics(ratio: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Met
 
 
 def mask_frac(flags: Bool[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, ""]:
-    """Fraction of masked-in positions where ``flags`` holds (0 when none)."""
-    return masked_mean(flags.to(torch.get_default_dtype()), mask)
+    """Fraction of masked-in positions where ``flags`` holds (0 when none); counted, not summed as floats."""
+    dtype = torch.get_default_dtype()
+    return torch.count_nonzero(flags & mask).to(dtype) / torch.count_nonzero(mask).clamp(min=1).to(dtype)
 
 
 def ppo_clip_loss(
@@ -171,7 +182,7 @@ def ppo_clip_loss(
         dual_active = (x.advantages < 0) & (dual_cap < loss_tok)
         loss_tok = torch.where(dual_active, dual_cap, loss_tok)  # L ← min(L, −c·A) where A < 0
         metrics["loss/dual_clip_frac"] = mask_frac(dual_active, x.mask)
-    loss = aggregate(x.weights * loss_tok, x.mask, agg, norm_len=norm_len)  # w · L, reduced by ``agg``
+    loss = aggregate(apply_weights(x.weights, loss_tok), x.mask, agg, norm_len=norm_len)  # w · L, reduced by ``agg``
     metrics |= ratio_metrics(ratio, x.mask)
     metrics |= {"loss/policy": loss, "loss/all_masked": all_masked_flag(x.mask)}
     return LossOutput(loss=loss, metrics=detach_metrics(metrics))
@@ -202,7 +213,7 @@ def reinforce_loss(
     """
     x = prepare_token_inputs(logp=logp, prox_logp=prox_logp, advantages=advantages, mask=mask, weights=weights)
     ratio = safe_exp(x.log_ratio)  # r = π_θ / π_prox (1 in value at the first update)
-    loss = aggregate(-x.advantages * x.weights * ratio, x.mask, agg, norm_len=norm_len)  # −A·w·r
+    loss = aggregate(apply_weights(x.weights, -x.advantages) * ratio, x.mask, agg, norm_len=norm_len)  # −A·w·r
     metrics: Metrics = ratio_metrics(ratio, x.mask)
     metrics |= {"loss/policy": loss, "loss/all_masked": all_masked_flag(x.mask)}
     return LossOutput(loss=loss, metrics=detach_metrics(metrics))
@@ -244,7 +255,7 @@ def gspo_loss(
     lower = 1.0 - as_scalar(clip_low, like=ratio_tok)
     upper = 1.0 + as_scalar(clip_high, like=ratio_tok)
     surrogate = clipped_surrogate(ratio=ratio_tok, advantages=x.advantages, lower=lower, upper=upper)
-    loss = aggregate(x.weights * surrogate.loss, x.mask, agg, norm_len=norm_len)  # w · L, reduced by ``agg``
+    loss = aggregate(apply_weights(x.weights, surrogate.loss), x.mask, agg, norm_len=norm_len)  # w · L
     nonempty = x.mask.any(dim=-1, keepdim=True)  # [B, 1]: sequence-level statistics as a one-token "batch"
     metrics: Metrics = ratio_metrics(seq_ratio.unsqueeze(-1), nonempty)
     metrics |= {
