@@ -1,0 +1,46 @@
+"""Policy models: the embedded default (a character tokenizer and a tiny Llama, warm-started on the task and cached in
+the Hugging Face layout) and loading of any causal LM through ``from_pretrained``.
+
+=====================  ===========================================================================
+module                 holds
+=====================  ===========================================================================
+``tokenizer``          :func:`build_char_tokenizer`: one token per character, ``<bos>/<eos>/<pad>``
+``tiny``               :class:`TinyArchConfig`, :func:`build_tiny_model` (seeded random init)
+``warmstart``          :class:`WarmStartConfig`, :func:`warm_start` (SFT to a target accuracy),
+                       :func:`warm_start_cached` (build once, reuse)
+``cache``              cache root (``$STEADYRL_CACHE``), keys, atomic directory builds
+``load``               :class:`ModelConfig`, :class:`Policy`, :func:`load_policy`
+=====================  ===========================================================================
+"""
+
+from steadyrl.models.cache import models_dir
+from steadyrl.models.load import DEFAULT_MODEL_NAME, ModelConfig, Policy, load_policy
+from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
+from steadyrl.models.tokenizer import build_char_tokenizer
+from steadyrl.models.warmstart import (
+    EvalPoint,
+    WarmStartConfig,
+    WarmStartReport,
+    read_warm_start_metadata,
+    sampled_accuracy,
+    warm_start,
+    warm_start_cached,
+)
+
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "EvalPoint",
+    "ModelConfig",
+    "Policy",
+    "TinyArchConfig",
+    "WarmStartConfig",
+    "WarmStartReport",
+    "build_char_tokenizer",
+    "build_tiny_model",
+    "load_policy",
+    "models_dir",
+    "read_warm_start_metadata",
+    "sampled_accuracy",
+    "warm_start",
+    "warm_start_cached",
+]

@@ -1,0 +1,130 @@
+"""Loading the policy: the embedded default model or any ``transformers`` causal LM, through ``from_pretrained``.
+
+``ModelConfig(name="default")`` builds (first use) or reuses (later) the warm-started tiny Llama in the cache, then
+loads it back from that directory with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``:
+the same two calls that load a local 0.5B–7B checkpoint or a hub id, so everything downstream sees one code path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from steadyrl.models.tiny import TinyArchConfig
+from steadyrl.models.tokenizer import CHARSET
+from steadyrl.models.warmstart import WarmStartConfig, warm_start_cached
+from steadyrl.tasks import Task
+
+#: ``ModelConfig.name`` of the embedded default model.
+DEFAULT_MODEL_NAME = "default"
+#: Prefixes that mark a name as a filesystem path rather than a hub id.
+_PATH_PREFIXES: tuple[str, ...] = ("/", "./", "../", "~", ".")
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelConfig(BaseModel):
+    """Which policy model to load, and how the embedded default is built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    name: str = Field(DEFAULT_MODEL_NAME, min_length=1)
+    """``"default"`` (the embedded tiny Llama, warm-started on the run's task), a local checkpoint directory, or a
+    Hugging Face hub id already in the local hub cache (this machine has no internet)."""
+    dtype: Dtype = "float32"
+    """Parameter dtype the model is loaded in (the default model is trained in float32)."""
+    arch: TinyArchConfig = TinyArchConfig()
+    """Architecture of the default model (only with ``name="default"``)."""
+    warm_start: WarmStartConfig = WarmStartConfig()
+    """Warm-start settings of the default model (only with ``name="default"``)."""
+    cache_dir: str | None = None
+    """Directory of cached default models; None: ``$STEADYRL_CACHE/models`` or ``~/.cache/steadyrl/models``."""
+    download: bool = False
+    """Let ``from_pretrained`` download a hub id missing from the local hub cache. Off by default: machines without
+    internet then fail at once with a clear error instead of retrying the network for a minute."""
+
+    @model_validator(mode="after")
+    def _fields_fit_the_model(self) -> ModelConfig:
+        if self.name != DEFAULT_MODEL_NAME:
+            misplaced = sorted({"arch", "warm_start", "cache_dir"} & self.model_fields_set)
+        else:
+            misplaced = sorted({"download"} & self.model_fields_set)
+        if misplaced:
+            raise ValueError(f"{', '.join(misplaced)} does not apply to name={self.name!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A loaded policy: the model (eval mode), its tokenizer (left padding, a pad token), and where it came from."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    path: str
+    """The directory (or hub id) passed to ``from_pretrained``."""
+
+
+def load_policy(model_cfg: ModelConfig, task: Task | None, *, seed: int, progress: bool = True) -> Policy:
+    """Load the policy ``model_cfg`` names.
+
+    For ``name="default"``, ``task`` and ``seed`` pick the warm-start cache entry (built on first use: about three
+    minutes on two CPU threads for chain_sum, with a progress bar unless ``progress`` is False). For any other name
+    ``task`` and ``seed`` are unused. A tokenizer without a pad token gets its EOS token as pad.
+
+    Raises:
+        FileNotFoundError: ``name`` is a path that does not exist.
+        OSError: ``name`` is a hub id that is not in the local hub cache (there is no internet to download it).
+        ValueError: the default model is asked for without a task, or the task uses characters the character
+            tokenizer lacks.
+    """
+    if model_cfg.name == DEFAULT_MODEL_NAME:
+        if task is None:
+            raise ValueError("the default model is warm-started on the run's task: pass a task to load_policy")
+        unknown = sorted(set(task.alphabet) - set(CHARSET))
+        if unknown:
+            raise ValueError(f"task {task.name} uses characters the default tokenizer lacks: {unknown!r}")
+        path = str(
+            warm_start_cached(
+                model_cfg.arch, task=task, cfg=model_cfg.warm_start, seed=seed, cache_dir=model_cfg.cache_dir,
+                progress=progress,
+            )
+        )
+    else:
+        path = _resolve_external(model_cfg.name)
+    offline = not model_cfg.download
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[model_cfg.dtype], local_files_only=offline)
+    except OSError as err:
+        hint = (
+            "Downloads are off (download=false): this machine has no internet access. Copy the checkpoint to a local "
+            "directory (or the Hugging Face hub cache) and pass that, or set download=true where there is internet."
+            if offline
+            else "The download failed; check the hub id and the network."
+        )
+        raise OSError(f"could not load model {path!r} as a local checkpoint or a cached hub id. {hint}") from err
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    return Policy(model=model, tokenizer=tokenizer, path=path)
+
+
+def _resolve_external(name: str) -> str:
+    """``name`` as a local directory if it is one; a clear error if it looks like a path but is missing."""
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return str(local)
+    if name.startswith(_PATH_PREFIXES) or local.exists() or name.count(os.sep) > 1:
+        raise FileNotFoundError(
+            f"model directory {name!r} does not exist (or is not a directory). Give a local checkpoint directory "
+            "saved with save_pretrained; this machine has no internet access, so models cannot be downloaded."
+        )
+    return name  # a hub id: from_pretrained looks in the local hub cache

@@ -1,0 +1,299 @@
+"""Warm start of the embedded default model: supervised training on task demonstrations until sampled accuracy
+reaches a target, then a cached save in the standard Hugging Face layout.
+
+Why: RL with group baselines (GRPO and its relatives) learns only from groups with mixed rewards. A random model
+scores 0 everywhere; a fully trained one scores 1. The warm start stops as soon as the sampled accuracy (T = 1) on
+held-out problems reaches ``target_accuracy`` (default 0.30, so groups of 8 mostly mix right and wrong answers),
+leaving room for RL to improve and for stale-rollout instabilities to show.
+
+Training: each example is ``<bos> prompt`` → ``demonstration <eos>``; the loss is the mean negative log-likelihood
+of the completion tokens only (token-mean over the batch), computed with
+:func:`steadyrl.rollout.logprobs.sequence_logprobs`, the same forward the RL learner uses. AdamW with a linear warmup
+then a constant rate, gradient clipping. Problems come from the task's ``train`` split and accuracy from its ``eval``
+split, both for the run's seed, so the warm start never trains on the problems a run with that seed evaluates on.
+
+Cache: ``<root>/models/<task>-<key>/`` (see :mod:`steadyrl.models.cache`), the key hashing the architecture, a
+fingerprint of the task, this config and the seed. It holds ``save_pretrained`` output (model + tokenizer) and
+``steadyrl_warmstart.json`` (config, steps, measured accuracy, seconds), written last.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import transformers
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch.nn.utils.rnn import pad_sequence
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from steadyrl.core.masking import masked_mean
+from steadyrl.models.cache import build_once, cache_key, models_dir
+from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
+from steadyrl.models.tokenizer import build_char_tokenizer
+from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.rollouts import TokenBatch, trim_padding
+from steadyrl.rollout.sampler import generate
+from steadyrl.tasks import Problem, Task
+
+#: Metadata file of a warm-start cache entry (written last: its presence marks a complete entry).
+METADATA_FILE = "steadyrl_warmstart.json"
+#: Bump when the training procedure changes in a way that changes the weights (invalidates every cache entry).
+WARM_START_FORMAT = 1
+#: Problems per split hashed into the task fingerprint.
+FINGERPRINT_PROBLEMS = 32
+#: Extra new tokens the accuracy eval allows beyond the longest eval demonstration (+ EOS).
+EVAL_TOKEN_SLACK = 8
+
+
+class WarmStartConfig(BaseModel):
+    """Supervised warm start of the embedded default model (TESTBED.md: ~3 minutes on 2 threads reach 0.3)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    lr: float = Field(3e-3, gt=0, le=1.0)
+    """AdamW learning rate after warmup."""
+    warmup_steps: int = Field(50, ge=0)
+    """Steps of linear learning-rate warmup from 0."""
+    weight_decay: float = Field(0.0, ge=0, le=1.0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW (β1, β2)."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Clip the global gradient norm to this value."""
+    batch_size: int = Field(128, ge=1, le=65536)
+    """Demonstrations per step."""
+    train_problems: int = Field(131072, ge=1)
+    """Size of the pool of train problems (drawn once, reshuffled every pass)."""
+    max_steps: int = Field(6000, ge=1)
+    """Step cap: training stops here even if the target was not reached (the entry records that)."""
+    eval_every: int = Field(50, ge=1)
+    """Measure sampled accuracy every this many steps."""
+    eval_problems: int = Field(256, ge=1)
+    """Held-out problems per accuracy measurement (the first of the task's eval split; at most its eval size)."""
+    eval_temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the accuracy measurement (1.0: the distribution RL samples from)."""
+    eval_max_new_tokens: int | None = Field(None, ge=1)
+    """Token budget of an eval completion; None: the longest eval demonstration + EOS + a small slack."""
+    target_accuracy: float = Field(0.30, ge=0.0, le=1.0)
+    """Stop as soon as sampled accuracy reaches this (0.2–0.5 leaves GRPO groups with mixed rewards)."""
+
+    @model_validator(mode="after")
+    def _pool_fills_a_batch(self) -> WarmStartConfig:
+        if self.train_problems < self.batch_size:
+            raise ValueError(f"train_problems ({self.train_problems}) must be >= batch_size ({self.batch_size})")
+        return self
+
+
+class EvalPoint(NamedTuple):
+    """One accuracy measurement during the warm start."""
+
+    step: int
+    accuracy: float
+    seconds: float
+    """Wall-clock seconds since the warm start began."""
+
+
+@dataclass(frozen=True)
+class WarmStartReport:
+    """Outcome of a warm start: where it stopped and what it measured."""
+
+    steps: int
+    """Optimizer steps taken."""
+    accuracy: float
+    """Sampled accuracy of the returned weights on the eval problems."""
+    seconds: float
+    """Wall-clock seconds of training and evaluation."""
+    reached_target: bool
+    """Whether ``accuracy >= target_accuracy`` (False: stopped at ``max_steps``)."""
+    history: tuple[EvalPoint, ...]
+    """Every accuracy measurement, in order."""
+
+
+def demonstration_batch(
+    tokenizer: PreTrainedTokenizerBase, *, task: Task, problems: list[Problem]
+) -> TokenBatch:
+    """Tokens of ``<bos> prompt`` (left-padded) → ``demonstration <eos>`` (right-padded) for ``problems``."""
+    prompts = tokenizer([p.prompt for p in problems], padding=True, padding_side="left", return_tensors="pt")
+    demos = tokenizer([task.demonstration(p) for p in problems], add_special_tokens=False)["input_ids"]
+    rows = [torch.tensor([*ids, tokenizer.eos_token_id]) for ids in demos]
+    response_ids = pad_sequence(rows, batch_first=True, padding_value=tokenizer.pad_token_id)
+    lengths = torch.tensor([len(r) for r in rows])
+    response_mask = torch.arange(response_ids.shape[1]) < lengths.unsqueeze(-1)
+    return TokenBatch(prompts["input_ids"], prompts["attention_mask"].bool(), response_ids, response_mask)
+
+
+def sampled_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    task: Task,
+    problems: list[Problem],
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator,
+) -> float:
+    """Mean score of one sampled completion per problem (``task.score``; 1 right, 0 wrong)."""
+    was_training = model.training
+    model.eval()
+    try:
+        rollouts = generate(
+            model,
+            tokenizer,
+            [p.prompt for p in problems],
+            group_size=1,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generator=generator,
+            version=0,
+        )
+    finally:
+        model.train(was_training)
+    scores = [task.score(p, text) for p, text in zip(problems, rollouts.texts, strict=True)]
+    return sum(scores) / len(scores)
+
+
+def warm_start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    task: Task,
+    cfg: WarmStartConfig,
+    seed: int,
+    progress: bool = True,
+) -> WarmStartReport:
+    """Train ``model`` in place on ``task``'s demonstrations until the sampled accuracy reaches the target.
+
+    Accuracy is measured every ``eval_every`` steps (and before the first step); training stops at the first
+    measurement ≥ ``target_accuracy`` or after ``max_steps`` (the last step is always measured).
+    """
+    start = time.perf_counter()
+    eval_set = task.problems("eval", cfg.eval_problems, seed=seed)
+    data = demonstration_batch(tokenizer, task=task, problems=task.problems("train", cfg.train_problems, seed=seed))
+    longest_demo = max(len(task.demonstration(p)) for p in eval_set)
+    eval_tokens = cfg.eval_max_new_tokens or longest_demo + 1 + EVAL_TOKEN_SLACK
+    device = next(model.parameters()).device
+    order_gen = torch.Generator().manual_seed(seed)
+    eval_gen = torch.Generator(device=device).manual_seed(seed)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / (cfg.warmup_steps + 1))  # linear warmup, then constant
+    )
+
+    def measure(step: int) -> EvalPoint:
+        acc = sampled_accuracy(
+            model, tokenizer, task=task, problems=eval_set, max_new_tokens=eval_tokens,
+            temperature=cfg.eval_temperature, generator=eval_gen,
+        )
+        return EvalPoint(step, acc, time.perf_counter() - start)
+
+    history = [measure(0)]
+    model.train()
+    bar = tqdm(total=cfg.max_steps, desc=f"warm start {task.name}", unit="step", disable=not progress)
+    order, cursor, step = torch.randperm(len(data.prompt_ids), generator=order_gen), 0, 0
+    while history[-1].accuracy < cfg.target_accuracy and step < cfg.max_steps:
+        if cursor + cfg.batch_size > len(order):  # new pass over the pool
+            order, cursor = torch.randperm(len(data.prompt_ids), generator=order_gen), 0
+        rows = order[cursor : cursor + cfg.batch_size]
+        cursor += cfg.batch_size
+        batch = TokenBatch(*(x.to(device) for x in trim_padding(TokenBatch(*(x[rows] for x in data)))))
+        logp, _ = sequence_logprobs(model, batch)
+        loss = -masked_mean(logp, batch.response_mask)  # NLL of completion tokens, token-mean
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        schedule.step()
+        step += 1
+        bar.update(1)
+        if step % cfg.eval_every == 0 or step == cfg.max_steps:
+            history.append(measure(step))
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{history[-1].accuracy:.3f}")
+    bar.close()
+    model.eval()
+    final = history[-1]
+    return WarmStartReport(
+        steps=step,
+        accuracy=final.accuracy,
+        seconds=time.perf_counter() - start,
+        reached_target=final.accuracy >= cfg.target_accuracy,
+        history=tuple(history),
+    )
+
+
+def task_fingerprint(task: Task, *, seed: int, eval_problems: int) -> dict[str, str]:
+    """What identifies a task's data for caching: its name, alphabet and a hash of problems of both splits.
+
+    The problems (prompt, answer, demonstration: the first ``FINGERPRINT_PROBLEMS`` train problems and the
+    ``eval_problems`` the warm start measures on) depend on every task setting, so a changed setting changes the
+    fingerprint without the cache knowing the task's config type.
+    """
+    problems = task.problems("train", FINGERPRINT_PROBLEMS, seed=seed) + task.problems(
+        "eval", eval_problems, seed=seed
+    )
+    rows = [[p.prompt, p.answer, task.demonstration(p)] for p in problems]
+    return {"name": task.name, "alphabet": task.alphabet, "problems": cache_key({"rows": rows})}
+
+
+def warm_start_identity(arch: TinyArchConfig, *, task: Task, cfg: WarmStartConfig, seed: int) -> dict[str, Any]:
+    """Everything that determines the warm-started weights (hashed into the cache key, stored in the metadata)."""
+    return {
+        "format": WARM_START_FORMAT,
+        "arch": arch.model_dump(mode="json"),
+        "task": task_fingerprint(task, seed=seed, eval_problems=cfg.eval_problems),
+        "warm_start": cfg.model_dump(mode="json"),
+        "seed": seed,
+    }
+
+
+def warm_start_cached(
+    arch: TinyArchConfig,
+    *,
+    task: Task,
+    cfg: WarmStartConfig,
+    seed: int,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> Path:
+    """Directory of the warm-started default model for these settings, building it on first use.
+
+    Builds with :func:`build_tiny_model` + :func:`warm_start` into a temporary directory, saves model, tokenizer
+    and ``steadyrl_warmstart.json``, then moves it into place atomically; later calls (any process) reuse it.
+    """
+    identity = warm_start_identity(arch, task=task, cfg=cfg, seed=seed)
+    final = models_dir(cache_dir) / f"{task.name}-{cache_key(identity)}"
+
+    def build(tmp: Path) -> None:
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(arch, tokenizer=tokenizer, seed=seed)
+        report = warm_start(model, tokenizer, task=task, cfg=cfg, seed=seed, progress=progress)
+        if not report.reached_target:
+            warnings.warn(
+                f"warm start of {task.name} stopped at max_steps={cfg.max_steps} with sampled accuracy "
+                f"{report.accuracy:.3f} < target {cfg.target_accuracy}; raise warm_start.max_steps",
+                stacklevel=3,
+            )
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        metadata = identity | {
+            "report": asdict(report) | {"history": [p._asdict() for p in report.history]},
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        }
+        (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True))
+
+    build_once(final, build=build, complete_marker=METADATA_FILE)
+    return final
+
+
+def read_warm_start_metadata(path: str | Path) -> dict[str, Any]:
+    """The ``steadyrl_warmstart.json`` of a cache entry."""
+    return json.loads((Path(path) / METADATA_FILE).read_text())

@@ -1,0 +1,31 @@
+"""Sampling engines and the learner's log-prob recompute.
+
+=====================  ===========================================================================
+module                 holds
+=====================  ===========================================================================
+``distribution``       the sampling distribution (temperature, top-k, top-p) in log space
+``rollouts``           :class:`Rollouts` (tokens, masks, behavior log-probs, versions), ``concat``,
+                       :func:`trim_padding`
+``sampler``            :func:`generate`: batched KV-cache sampling from a ``transformers`` causal LM
+``logprobs``           :func:`sequence_logprobs`: per-token log-probs (and entropies) with gradient
+=====================  ===========================================================================
+"""
+
+from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
+from steadyrl.rollout.logprobs import SequenceLogprobs, sequence_logprobs
+from steadyrl.rollout.rollouts import Rollouts, TokenBatch, TokenBatchLike, concat, trim_padding
+from steadyrl.rollout.sampler import generate
+
+__all__ = [
+    "Rollouts",
+    "SamplingParams",
+    "SequenceLogprobs",
+    "TokenBatch",
+    "TokenBatchLike",
+    "concat",
+    "entropy_from_log_probs",
+    "generate",
+    "sampling_log_probs",
+    "sequence_logprobs",
+    "trim_padding",
+]

@@ -1,0 +1,77 @@
+"""The learner's recompute: log-probs (and optionally entropies) of response tokens under a model, with gradient.
+
+One forward over ``[prompt; response]`` with the attention mask and the position ids of
+:mod:`steadyrl.rollout.rollouts` (``cumsum(mask) − 1``: the positions the sampler used), asking the model for the
+logits of the response positions only (``logits_to_keep = T + 1``, the last one dropped), so the output layer and the
+log-softmax never run over the prompt. Used for the proximal policy (``prox_logp``, under ``torch.no_grad``) and the
+current policy (``logp``, with gradient), and by the warm start's supervised loss.
+
+Shapes: prompt ``[N, P]`` left-padded, response ``[N, T]`` right-padded → ``logp`` ``[N, T]`` float32, 0 where
+``response_mask`` is False; ``entropy`` ``[N, T]`` float32 (0 at padding) or None.
+Confidence: [exact] (a forward pass; the distribution is that of :mod:`steadyrl.rollout.distribution`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
+from steadyrl.rollout.rollouts import TokenBatchLike
+from steadyrl.rollout.sampler import positions_from_mask
+
+
+class SequenceLogprobs(NamedTuple):
+    """Per-token log-probs ``logp`` ``[N, T]`` and entropies ``entropy`` ``[N, T]`` (None unless asked for)."""
+
+    logp: Float[Tensor, "N T"]
+    entropy: Float[Tensor, "N T"] | None
+
+
+def sequence_logprobs(
+    model: PreTrainedModel,
+    batch: TokenBatchLike,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    return_entropy: bool = False,
+) -> SequenceLogprobs:
+    """log π(y_t | x, y_<t) for every response token (gradient flows when called under grad).
+
+    Args:
+        model: a causal LM supporting ``logits_to_keep`` (every ``transformers`` decoder does).
+        batch: :class:`~steadyrl.rollout.rollouts.Rollouts` or :class:`~steadyrl.rollout.rollouts.TokenBatch`.
+        temperature, top_k, top_p: score under this sampling distribution (defaults: the plain policy, T = 1).
+            With the sampler's settings, the result equals the recorded ``behav_logp`` for unchanged weights.
+        return_entropy: also return H_t = −Σ_v π(v) log π(v) of the same distribution at each response position.
+
+    Returns:
+        :class:`SequenceLogprobs` (unpacks as ``logp, entropy``); both float32 and 0 at padding.
+    """
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    prompt_mask, response_mask = batch.prompt_mask.bool(), batch.response_mask.bool()
+    N, T = batch.response_ids.shape
+    if T == 0:
+        empty = torch.zeros(N, 0, device=batch.response_ids.device)
+        return SequenceLogprobs(empty, empty.clone() if return_entropy else None)
+    input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=-1)
+    mask = torch.cat([prompt_mask, response_mask], dim=-1)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask.long(),
+        position_ids=positions_from_mask(mask),
+        use_cache=False,
+        logits_to_keep=T + 1,
+    )
+    logits = out.logits[:, :-1]  # position P−1+t predicts response token t: [N, T, V]
+    log_probs = sampling_log_probs(logits, params=params)
+    token_logp = log_probs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # log π(y_t)
+    zeros = torch.zeros_like(token_logp)
+    logp = torch.where(response_mask, token_logp, zeros)
+    entropy = torch.where(response_mask, entropy_from_log_probs(log_probs), zeros) if return_entropy else None
+    return SequenceLogprobs(logp, entropy)
