@@ -1,0 +1,495 @@
+"""Per-trajectory squared gradient norms ‖∇_θ w_i Σ_t m_{i,t} log π_θ(y_{i,t})‖², for OPOB, without micro-batch 1.
+
+VCPO's off-policy optimal baseline (arXiv 2602.17616, OPOB; ALGORITHMS.md) weighs trajectory i by
+W_i = w_i² ‖∇_θ log π_θ(y_i)‖², so it needs one squared gradient norm per trajectory. The authors' code runs one
+backward pass per trajectory at micro-batch 1. Here three implementations compute the same quantity
+
+    n_i = ‖∇_θ ℓ_i‖²,   ℓ_i = w_i Σ_t m_{i,t} log π_θ(y_{i,t})   (w_i = 1 unless ``weights`` is given),
+
+summed over every trainable parameter of the model (a tied parameter counts once: its gradient is the sum of the
+gradients of all its uses):
+
+- ``"ghost"`` (default): one forward and one backward over the whole batch of Σ_i ℓ_i. Forward hooks record each
+  parametrized module's inputs and outputs; one ``torch.autograd.grad`` call returns the gradients with respect to
+  those outputs (the weights' own batch gradients are never formed). Samples do not interact in a causal LM (padding
+  is masked out of attention), so row i of an output gradient is ∂ℓ_i/∂output_i and every per-sample gradient follows
+  layer by layer:
+
+  * ``nn.Linear`` (x ↦ W a + b): per-sample ∇W_i = Σ_s g_{i,s} a_{i,s}ᵀ, ∇b_i = Σ_s g_{i,s}. Its squared norm is
+    either the **ghost norm** (Goodfellow, arXiv 1510.01799; ghost clipping, Li et al., arXiv 2110.05679)
+    ‖Σ_s g_s a_sᵀ‖²_F = Σ_{s,t} (g_s·g_t)(a_s·a_t), from two S×S Gram matrices, or the materialized [N, out, in]
+    gradient; the cheaper one is chosen per parameter from the shapes (mixed ghost clipping, Bu et al.,
+    arXiv 2205.10683: Gram form when roughly S² (out + in) < S·out·in).
+  * ``nn.Embedding`` (ids ↦ E[ids]): ∇E_i = Σ_s onehot(id_{i,s}) e_{i,s}ᵀ, e the output gradient (rows at
+    ``padding_idx`` get no gradient, as in PyTorch). Gram form Σ_{s,t} [id_s = id_t] (e_s·e_t), or a scatter-add.
+  * A parameter used more than once (**tied** input/output embeddings: ``embed_tokens`` and ``lm_head`` share one
+    matrix; or a module called twice) has the per-sample gradient Σ_u G_{i,u}, so its squared norm is not the sum of
+    the uses' norms: n = Σ_{u,v} ⟨G_u, G_v⟩ with the cross terms in Gram form, e.g. embedding × lm_head
+    ⟨Σ_s onehot(id_s) e_sᵀ, Σ_t g_t a_tᵀ⟩ = Σ_{s,t} g_t[id_s] (e_s·a_t), or by materializing Σ_u G_u
+    (again the cheaper of the two).
+  * Any other module with its own trainable parameters (RMSNorm weights, LayerNorm, subclasses that override
+    ``forward``): per-sample gradients of its direct parameters by ``vmap`` over the batch of a ``vjp`` of that
+    module alone, at the recorded input with the recorded output gradient row as cotangent (materialized).
+
+- ``"vmap"``: ``torch.func`` — ``vmap`` over trajectories of ``grad`` of a ``functional_call`` of the whole learner
+  forward, ``chunk_size`` trajectories at a time (each chunk holds its per-sample gradients). Hugging Face's mask
+  builder branches on the mask's values, which ``vmap`` cannot trace, so during the call the model runs on an
+  attention implementation registered here (``steadyrl_vmap_sdpa``: SDPA with a materialized mask; a new key in
+  transformers' global registries, nothing existing is changed); the previous one is restored afterwards.
+- ``"naive"``: the reference: for each trajectory alone (its padding trimmed), one forward and one backward.
+
+Log-probs come from the learner's own recompute, :func:`steadyrl.rollout.logprobs.sequence_logprobs` (the same
+forward, positions and ``logits_to_keep``), so "ghost" and "vmap" measure the gradient the learner takes. w_i is a
+detached constant, so every method computes ‖∇ Σ_t m log π‖² and multiplies by w_i² afterwards (exact; it also keeps
+w_i out of ``sequence_logprobs``' log-softmax, which runs in float32 even for a float64 model).
+
+Side effects: none left behind. No ``.grad`` is read or written (every gradient comes from ``torch.autograd.grad`` or
+``torch.func``), hooks are removed in ``finally``, and the attention implementation is restored. The model's
+train/eval mode is not changed: with dropout active the three methods draw different masks and disagree.
+
+Assumptions of "ghost" (checked where cheap): every parametrized module's input and output have the batch first;
+parameters are used only through their own module's ``forward``; a recorded output is not modified in place later
+(checked via tensor versions); no cross-sample interaction (true for causal LMs; verified against "naive" in tests).
+Memory: a training step's activations plus, at the end of the backward, the gradients of every recorded module
+output at once (about one more copy of them); the result is per row, so a caller can split the batch by rows to
+bound it. Activation checkpointing: "ghost" and "naive" work with non-reentrant checkpointing
+(``use_reentrant=False``); reentrant checkpointing refuses ``torch.autograd.grad``, "vmap" refuses both.
+
+Shapes: ``batch`` as in :mod:`steadyrl.rollout.rollouts` (prompt ``[N, P]`` left-padded, response ``[N, T]``
+right-padded); ``mask`` ``[N, T]``, ``weights`` ``[N]`` → ``[N]`` (float32, or float64 for a float64 model), detached.
+Reduction: sum over tokens inside ℓ_i, squared L2 norm over all trainable parameters; no reduction over trajectories.
+Confidence: [exact] (an identity of the gradient; the three methods agree to ~1e-15 relative in float64).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vjp, vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from steadyrl.rollout.distribution import TOP_K_OFF, TOP_P_OFF
+from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.rollouts import TokenBatch, TokenBatchLike, trim_padding
+
+GradNormMethod = Literal["ghost", "vmap", "naive"]
+GhostStrategy = Literal["auto", "gram", "materialize"]
+GRAD_NORM_METHODS: tuple[str, ...] = get_args(GradNormMethod)
+GHOST_STRATEGIES: tuple[str, ...] = get_args(GhostStrategy)
+
+#: Trajectories per ``vmap`` chunk of ``method="vmap"`` (memory: this many copies of the per-sample gradients).
+DEFAULT_VMAP_CHUNK_SIZE: int = 16
+#: Name under which the vmap-traceable attention (SDPA, mask always materialized) is registered in transformers.
+VMAP_ATTENTION: str = "steadyrl_vmap_sdpa"
+#: Float dtypes the Gram sums run in as they are; others (bf16, fp16) are upcast to float32 first.
+_FULL_PRECISION = (torch.float32, torch.float64)
+
+
+def per_trajectory_grad_sq_norms(
+    model: nn.Module,
+    batch: TokenBatchLike,
+    *,
+    method: GradNormMethod | str = "ghost",
+    weights: Float[Tensor, " N"] | None = None,
+    mask: Bool[Tensor, "N T"] | None = None,
+    temperature: float = 1.0,
+    top_k: int = TOP_K_OFF,
+    top_p: float = TOP_P_OFF,
+    ghost_strategy: GhostStrategy | str = "auto",
+    vmap_chunk_size: int = DEFAULT_VMAP_CHUNK_SIZE,
+) -> Float[Tensor, " N"]:
+    """n_i = ‖∇_θ w_i Σ_t m_{i,t} log π_θ(y_{i,t})‖² for every trajectory (VCPO, arXiv 2602.17616, OPOB's ‖∇‖²).
+
+    ===================  ======  =====================================================================================
+    argument             shape   meaning
+    ===================  ======  =====================================================================================
+    ``model``                    causal LM accepted by :func:`~steadyrl.rollout.logprobs.sequence_logprobs`
+    ``batch``                    :class:`~steadyrl.rollout.rollouts.Rollouts` / ``TokenBatch`` (prompt ``[N, P]``
+                                 left-padded, response ``[N, T]`` right-padded)
+    ``method``                   ``ghost`` (one batched forward + backward) | ``vmap`` (torch.func) | ``naive``
+                                 (one backward per trajectory, the reference)
+    ``weights``          [N]     w_i, a detached per-trajectory factor on ℓ_i, so n_i = w_i² ‖∇ Σ_t m log π‖²
+                                 (applied after the norm); None: 1. The authors' code variant measures
+                                 ‖∇(w̄_i Σ_t log π)‖ with w̄_i the sequence-TIS weight: pass w̄.
+    ``mask``             [N, T]  m: tokens summed into ℓ_i (default ``batch.response_mask``; must lie inside it)
+    ``temperature``,             distribution scored, as in ``sequence_logprobs`` (default: the plain policy)
+    ``top_k``, ``top_p``
+    ``ghost_strategy``           ``auto`` (cheaper of Gram / materialized per parameter) | ``gram`` | ``materialize``
+    ``vmap_chunk_size``          trajectories per ``vmap`` chunk (``method="vmap"`` only)
+    ===================  ======  =====================================================================================
+
+    Returns ``[N]`` detached, float32 (float64 for a float64 model), summed over all trainable parameters; rows
+    with no masked-in token give 0. ``.grad`` of the parameters is neither read nor changed (module docstring).
+    """
+    if method not in GRAD_NORM_METHODS:
+        raise ValueError(f"method={method!r} is not one of {', '.join(GRAD_NORM_METHODS)}")
+    if ghost_strategy not in GHOST_STRATEGIES:
+        raise ValueError(f"ghost_strategy={ghost_strategy!r} is not one of {', '.join(GHOST_STRATEGIES)}")
+    if vmap_chunk_size < 1:
+        raise ValueError(f"vmap_chunk_size={vmap_chunk_size} must be >= 1")
+    N, T = batch.response_ids.shape
+    if mask is None:
+        mask = batch.response_mask
+    if tuple(mask.shape) != (N, T):
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(N, T)}")
+    if weights is not None and tuple(weights.shape) != (N,):
+        raise ValueError(f"weights has shape {tuple(weights.shape)}, expected {(N,)}")
+    spec = _Objective(
+        mask=mask.bool() & batch.response_mask.bool(), score=dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    )
+    dtype = _result_dtype(model)
+    if N == 0 or not _trainable(model):
+        return torch.zeros(N, dtype=dtype, device=batch.response_ids.device)
+    with torch.enable_grad():
+        if method == "naive":
+            out = _naive(model, batch, spec, dtype)
+        elif method == "vmap":
+            out = _vmapped(model, batch, spec, dtype, vmap_chunk_size)
+        else:
+            out = _ghost(model, batch, spec, dtype, ghost_strategy)
+    if weights is not None:
+        out = out * weights.detach().to(dtype).square()  # ‖∇(w_i Σ_t m log π)‖² = w_i² ‖∇ Σ_t m log π‖² (w_i constant)
+    return out.detach()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Shared: the objective ℓ_i and the parameters it is differentiated by
+
+
+@dataclass(frozen=True)
+class _Objective:
+    """What ℓ_i is before its factor w_i: the tokens summed (``mask`` [N, T]) and the scoring kwargs."""
+
+    mask: Tensor
+    score: dict[str, Any]
+
+    def per_trajectory(self, model: nn.Module, batch: TokenBatchLike, rows: slice | None = None) -> Tensor:
+        """Σ_t m_{i,t} log π(y_{i,t}) for the rows of ``batch`` (``rows`` selects the matching rows of the mask)."""
+        logp = sequence_logprobs(model, batch, **self.score).logp
+        m = self.mask[slice(None) if rows is None else rows][:, : logp.shape[1]]
+        # where, not a product: a token outside a top-k/top-p set has logp = −inf and must give 0, not NaN.
+        return torch.where(m, logp, torch.zeros_like(logp)).sum(dim=-1)  # Σ_t m_{i,t} log π(y_{i,t})
+
+
+def _trainable(model: nn.Module) -> list[nn.Parameter]:
+    """Trainable parameters, each once (a tied parameter appears once)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _result_dtype(model: nn.Module) -> torch.dtype:
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _sq_norm(tensors: list[Tensor | None], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Σ over tensors of the squared L2 norm (None counts as 0)."""
+    terms = [t.to(dtype).square().sum() for t in tensors if t is not None]
+    return torch.stack(terms).sum() if terms else torch.zeros((), dtype=dtype, device=device)
+
+
+def _row(batch: TokenBatchLike, i: int) -> TokenBatch:
+    return TokenBatch(
+        batch.prompt_ids[i : i + 1], batch.prompt_mask[i : i + 1], batch.response_ids[i : i + 1],
+        batch.response_mask[i : i + 1],
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# "naive": one forward and one backward per trajectory, its padding trimmed (the reference)
+
+
+def _naive(model: nn.Module, batch: TokenBatchLike, spec: _Objective, dtype: torch.dtype) -> Tensor:
+    params = _trainable(model)
+    device = batch.response_ids.device
+    norms = []
+    for i in range(batch.response_ids.shape[0]):
+        row = trim_padding(_row(batch, i))  # this trajectory alone: no padding it does not need
+        loss = spec.per_trajectory(model, row, rows=slice(i, i + 1)).sum()
+        if not loss.requires_grad:  # no response token: a constant
+            norms.append(torch.zeros((), dtype=dtype, device=device))
+            continue
+        grads = torch.autograd.grad(loss, params, allow_unused=True)  # ∇θ ℓ_i; .grad untouched
+        norms.append(_sq_norm(list(grads), dtype, device))
+    return torch.stack(norms)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# "vmap": torch.func over trajectories
+
+
+class _OneTrajectory(nn.Module):
+    """ℓ_i of one trajectory given as unbatched rows, the model as a submodule (so ``functional_call`` reaches it)."""
+
+    def __init__(self, model: nn.Module, score: dict[str, Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.score = score
+
+    def forward(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
+                mask: Tensor) -> Tensor:  # fmt: skip
+        row = TokenBatch(prompt_ids[None], prompt_mask[None], response_ids[None], response_mask[None])
+        return _Objective(mask=mask[None], score=self.score).per_trajectory(self.model, row).sum()
+
+
+def _vmapped(model: nn.Module, batch: TokenBatchLike, spec: _Objective, dtype: torch.dtype, chunk: int) -> Tensor:
+    wrapper = _OneTrajectory(model, spec.score)
+    params = {f"model.{name}": p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    device = batch.response_ids.device
+
+    def sq_norm_of_one(p: dict[str, Tensor], *row: Tensor) -> Tensor:
+        # tie_weights (default): a tied parameter is passed once and used by all its modules, so its gradient sums.
+        g = grad(lambda q: functional_call(wrapper, q, row))(p)  # ∇θ ℓ_i, one trajectory
+        return _sq_norm(list(g.values()), dtype, device)
+
+    rows = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, spec.mask)
+    with _vmap_traceable_attention(model), warnings.catch_warnings():
+        # SDPA has no batching rule on CPU: vmap loops over it and warns each time.
+        warnings.filterwarnings("ignore", message=".*have not yet implemented the batching rule.*")
+        return vmap(sq_norm_of_one, in_dims=(None,) + (0,) * len(rows), chunk_size=chunk)(params, *rows)
+
+
+@contextmanager
+def _vmap_traceable_attention(model: nn.Module) -> Iterator[None]:
+    """Run a transformers model on SDPA with an always-materialized mask, then restore its attention implementation.
+
+    ``sdpa_mask`` skips building the mask when no token is padded, a test on the mask's values that ``vmap`` cannot
+    trace. The registered variant forces ``allow_is_causal_skip=False``; the attention kernel is the stock SDPA one.
+    Models without ``set_attn_implementation`` (plain ``nn.Module``) are left alone.
+    """
+    config = getattr(model, "config", None)
+    previous = getattr(config, "_attn_implementation", None)
+    if not hasattr(model, "set_attn_implementation") or previous is None:
+        yield
+        return
+    _register_vmap_attention()
+    model.set_attn_implementation(VMAP_ATTENTION)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def _register_vmap_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def materialized_sdpa_mask(*args: Any, **kwargs: Any) -> Any:
+        kwargs["allow_is_causal_skip"] = False
+        return sdpa_mask(*args, **kwargs)
+
+    AttentionMaskInterface.register(VMAP_ATTENTION, materialized_sdpa_mask)
+    AttentionInterface.register(VMAP_ATTENTION, sdpa_attention_forward)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# "ghost": one forward + one backward over the batch, per-layer norms from recorded activations and output gradients
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call of a module that owns trainable parameters, recorded by the forward hook."""
+
+    module: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    output: Tensor
+    versions: tuple[int, ...]  # _version of the output and the tensor arguments at record time
+
+
+@dataclass(frozen=True)
+class _Outer:
+    """Per-sample gradient G_i = Σ_s u_{i,s} w_{i,s}ᵀ of an [R, C] matrix parameter.
+
+    ``u``: [N, S, R] dense (Linear: output gradients), or [N, S] integer rows (Embedding: one-hot of the ids);
+    ``w``: [N, S, C] (Linear: inputs; Embedding: output gradients).
+    """
+
+    u: Tensor
+    w: Tensor
+    rows: int
+
+    @property
+    def indexed(self) -> bool:
+        return self.u.dim() == 2
+
+
+@dataclass(frozen=True)
+class _Dense:
+    """A materialized per-sample gradient ``g`` [N, *shape] (biases, norm weights, generic modules)."""
+
+    g: Tensor
+
+
+_Contribution = _Outer | _Dense
+
+
+def _ghost(model: nn.Module, batch: TokenBatchLike, spec: _Objective, dtype: torch.dtype, strategy: str) -> Tensor:
+    N = batch.response_ids.shape[0]
+    owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+    calls: list[_Call] = []
+    handles = [m.register_forward_hook(_recorder(calls), with_kwargs=True) for m in owners]
+    try:
+        loss = spec.per_trajectory(model, batch).sum()  # Σ_i ℓ_i: one forward for the whole batch
+    finally:
+        for h in handles:
+            h.remove()
+    zeros = torch.zeros(N, dtype=dtype, device=batch.response_ids.device)
+    calls = [c for c in calls if c.output.requires_grad]
+    if not calls or not loss.requires_grad:
+        return zeros
+    # One backward: gradients w.r.t. the recorded module outputs only (row i = ∂ℓ_i/∂output_i, samples independent).
+    out_grads = torch.autograd.grad(loss, [c.output for c in calls], allow_unused=True)
+    contributions: dict[int, list[_Contribution]] = {}
+    for call, g in zip(calls, out_grads, strict=True):
+        if _versions(call.output, call.args, call.kwargs) != call.versions:
+            raise RuntimeError(f"{type(call.module).__name__}: a recorded tensor was modified in place after the call")
+        if g is None:
+            continue
+        if call.output.shape[0] != N:
+            raise ValueError(f"{type(call.module).__name__}: output {tuple(call.output.shape)} is not batch-first")
+        for param, contribution in _per_sample(call, g):
+            contributions.setdefault(id(param), []).append(contribution)
+    total = zeros
+    for parts in contributions.values():
+        total = total + _param_sq_norm(parts, strategy).to(dtype)
+    return total
+
+
+def _recorder(calls: list[_Call]) -> Callable[..., None]:
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        if not isinstance(output, Tensor):
+            raise TypeError(f"{type(module).__name__} returns {type(output).__name__}; ghost norms need a tensor")
+        calls.append(_Call(module, args, kwargs, output, _versions(output, args, kwargs)))
+
+    return hook
+
+
+def _versions(output: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
+    leaves = tree_flatten((args, kwargs))[0]
+    return (output._version, *(x._version for x in leaves if isinstance(x, Tensor)))
+
+
+def _per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Contribution]]:
+    """(parameter, its per-sample gradient from this call) for the trainable direct parameters of ``call.module``."""
+    module, N = call.module, g.shape[0]
+    x = call.args[0] if call.args else next(iter(call.kwargs.values()), None)
+    if isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward:
+        a = _full(x.detach()).reshape(N, -1, module.in_features)  # a_{i,s}: [N, S, in]
+        gg = _full(g).reshape(N, -1, module.out_features)  # g_{i,s}: [N, S, out]
+        out: list[tuple[nn.Parameter, _Contribution]] = []
+        if module.weight.requires_grad:
+            out.append((module.weight, _Outer(u=gg, w=a, rows=module.out_features)))  # ∇W_i = Σ_s g_s a_sᵀ
+        if module.bias is not None and module.bias.requires_grad:
+            out.append((module.bias, _Dense(gg.sum(dim=1))))  # ∇b_i = Σ_s g_s
+        return out
+    if isinstance(module, nn.Embedding) and type(module).forward is nn.Embedding.forward:
+        if module.max_norm is not None or module.scale_grad_by_freq:
+            raise ValueError("ghost norms do not support nn.Embedding with max_norm or scale_grad_by_freq")
+        ids = x.reshape(N, -1)  # id_{i,s}: [N, S]
+        e = _full(g).reshape(N, ids.shape[1], module.embedding_dim)  # e_{i,s}: [N, S, D]
+        if module.padding_idx is not None:
+            e = e.masked_fill((ids == module.padding_idx).unsqueeze(-1), 0.0)  # the padding row gets no gradient
+        return [(module.weight, _Outer(u=ids, w=e, rows=module.num_embeddings))]  # ∇E_i = Σ_s onehot(id_s) e_sᵀ
+    return _generic_per_sample(call, g)
+
+
+def _full(t: Tensor) -> Tensor:
+    return t if t.dtype in _FULL_PRECISION else t.float()
+
+
+def _generic_per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Contribution]]:
+    """Per-sample gradients of a module's direct parameters: vmap over rows of the vjp of the module alone.
+
+    Tensor arguments with the batch size as first dimension are split by row (each row keeps a batch dim of 1);
+    other arguments are passed whole.
+    """
+    module, N = call.module, g.shape[0]
+    params = {name: p for name, p in module.named_parameters(recurse=False) if p.requires_grad}
+    leaves, tree = tree_flatten((call.args, call.kwargs))
+    split = [isinstance(x, Tensor) and x.dim() > 0 and x.shape[0] == N for x in leaves]
+    fixed = [x.detach() if isinstance(x, Tensor) else x for x in leaves]
+    per_row = [x for x, s in zip(fixed, split, strict=True) if s]
+
+    primal = {k: v.detach() for k, v in params.items()}
+
+    def one(rows: list[Tensor], cotangent: Tensor) -> dict[str, Tensor]:
+        it = iter(rows)
+        args, kwargs = tree_unflatten([next(it)[None] if s else x for x, s in zip(fixed, split, strict=True)], tree)
+        _, pullback = vjp(lambda p: functional_call(module, p, args, kwargs), primal)
+        return pullback(cotangent[None])[0]  # ∇_p ⟨g_i, module(x_i; p)⟩ = per-sample ∇p
+
+    grads = vmap(one)(per_row, g.detach())
+    return [(params[name], _Dense(_full(grads[name]))) for name in params]
+
+
+# --- squared norm of one parameter's per-sample gradient Σ_u G_{i,u}
+
+
+def _param_sq_norm(parts: list[_Contribution], strategy: str) -> Tensor:
+    """n_i(p) = ‖Σ_u G_{i,u}‖²: Gram form Σ_{u,v} ⟨G_u, G_v⟩ or materialized, per ``strategy`` / the cost estimate."""
+    outers = [c for c in parts if isinstance(c, _Outer)]
+    use_gram = len(outers) == len(parts) and (
+        strategy == "gram" or (strategy == "auto" and _gram_cost(outers) <= _materialize_cost(outers))
+    )
+    if use_gram:
+        total = sum(_outer_inner(a, a) for a in outers)  # Σ_u ‖G_u‖²
+        for j, a in enumerate(outers):
+            for b in outers[j + 1 :]:
+                total = total + 2.0 * _outer_inner(a, b)  # + 2 Σ_{u<v} ⟨G_u, G_v⟩ (tied / reused parameters)
+        return total
+    G = sum(_materialize(c) for c in parts)  # Σ_u G_{i,u}: [N, numel]
+    return G.square().sum(dim=1)
+
+
+def _outer_inner(a: _Outer, b: _Outer) -> Tensor:
+    """⟨Σ_s u_s w_sᵀ, Σ_t u'_t w'_tᵀ⟩_F = Σ_{s,t} (u_s·u'_t)(w_s·w'_t) per sample: [N]."""
+    N, Sa, Sb = a.w.shape[0], a.w.shape[1], b.w.shape[1]
+    if a.indexed and b.indexed:
+        U = (a.u.unsqueeze(2) == b.u.unsqueeze(1)).to(a.w.dtype)  # onehot(id_s)·onehot(id'_t) = [id_s = id'_t]
+    elif a.indexed:
+        U = torch.gather(b.u, 2, a.u.unsqueeze(1).expand(N, Sb, Sa)).transpose(1, 2)  # u'_t[id_s]
+    elif b.indexed:
+        U = torch.gather(a.u, 2, b.u.unsqueeze(1).expand(N, Sa, Sb))  # u_s[id'_t]
+    else:
+        U = torch.bmm(a.u, b.u.transpose(1, 2))  # u_s·u'_t
+    W = torch.bmm(a.w, b.w.transpose(1, 2))  # w_s·w'_t
+    return (U * W).sum(dim=(1, 2))
+
+
+def _materialize(c: _Contribution) -> Tensor:
+    """The per-sample gradient flattened to [N, numel]."""
+    if isinstance(c, _Dense):
+        return c.g.reshape(c.g.shape[0], -1)
+    N, S, C = c.w.shape
+    if c.indexed:
+        G = c.w.new_zeros(N, c.rows, C).scatter_add_(1, c.u.unsqueeze(-1).expand(N, S, C), c.w)  # Σ_s onehot(id_s) w_s
+    else:
+        G = torch.bmm(c.u.transpose(1, 2), c.w)  # Σ_s u_s w_sᵀ: [N, R, C]
+    return G.reshape(N, -1)
+
+
+def _gram_cost(outers: list[_Outer]) -> int:
+    """Multiply-adds per sample of the Gram form: Σ_{u,v} S_u S_v (C + R or 1 when a side is one-hot)."""
+    cost = 0
+    for a in outers:
+        for b in outers:
+            row_dot = 1 if a.indexed or b.indexed else a.rows
+            cost += a.w.shape[1] * b.w.shape[1] * (a.w.shape[2] + row_dot)
+    return cost
+
+
+def _materialize_cost(outers: list[_Outer]) -> int:
+    """Multiply-adds (and writes) per sample of materializing Σ_u G_u and its norm: Σ_u S_u R C (S_u C one-hot) + RC."""
+    cost = 0
+    for c in outers:
+        S, C = c.w.shape[1], c.w.shape[2]
+        cost += S * C if c.indexed else S * c.rows * C
+    return cost + outers[0].rows * outers[0].w.shape[2]
