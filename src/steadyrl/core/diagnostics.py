@@ -13,6 +13,7 @@ from torch import Tensor
 from steadyrl.core.ess import sequence_ess, token_ess
 from steadyrl.core.kl import mismatch_kl
 from steadyrl.core.masking import (
+    any_true,
     as_bool_mask,
     detach_metrics,
     masked_max,
@@ -61,7 +62,7 @@ def lag_metrics(
     v = versions.to(dtype)
     ref = masked_max(v, m) if learner_version is None else v.new_full((), learner_version)
     lag = ref - v  # lag_{i,t} = learner_version − v_{i,t}
-    nonempty = m.any(dim=-1)
+    nonempty = any_true(m, dim=-1)
     oldest = where_masked(lag, m, fill=-torch.inf).amax(dim=-1)  # max lag in sequence i
     newest = where_masked(lag, m, fill=torch.inf).amin(dim=-1)  # min lag in sequence i
     return detach_metrics(
@@ -110,7 +111,7 @@ def staleness_diagnostics(
     m = as_bool_mask(mask)
     ell = where_masked(logp.detach() - behav_logp.detach(), m)  # ℓ = log π − log μ, 0 off the mask
     S = ell.sum(dim=-1)  # S_i = Σ_t m ℓ (``masking.seq_log_ratio``; ℓ is already masked)
-    nonempty = m.any(dim=-1)
+    nonempty = any_true(m, dim=-1)
     seq_ess = sequence_ess(log_weights=S, valid=nonempty)
     tok_ess = token_ess(log_ratio=ell, mask=m)
     kl = mismatch_kl(log_ratio=ell, mask=m)

@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Bool, Float, Shaped
 from torch import Tensor
 
-from steadyrl.core.masking import aggregate, as_bool_mask, detach_metrics, masked_mean, safe_exp, where_masked
+from steadyrl.core.masking import aggregate, as_bool_mask, detach_metrics, safe_exp, where_masked
 from steadyrl.core.types import Metrics
 from steadyrl.core.weights import check_choice
 
@@ -80,11 +80,20 @@ def mismatch_estimators(x: Tensor, *, convention: KLConvention | str = "verl") -
     ``"verl"``: k1 = −x, k2 = x²/2, k3 = eˣ − x − 1. ``"areal"``: the mirrored pair k1 = +x, k3 = e^{−x} − 1 + x
     (k2 is the same). On an outlier token the two k3 differ by more than 10×.
     """
+    return KLEstimators(*(mismatch_estimator(x, kind=kind, convention=convention) for kind in MISMATCH_KINDS))
+
+
+def mismatch_estimator(
+    x: Tensor, *, kind: MismatchKind | str, convention: KLConvention | str = "verl"
+) -> Tensor:
+    """One of the estimators of :func:`mismatch_estimators` (only that one is computed)."""
     check_choice("convention", convention, KL_CONVENTIONS)
-    k2 = 0.5 * x**2  # k2 = x²/2
+    check_choice("kind", kind, MISMATCH_KINDS)
+    if kind == "k2":
+        return 0.5 * x**2  # k2 = x²/2
     if convention == "verl":
-        return KLEstimators(k1=-x, k2=k2, k3=safe_exp(x) - x - 1.0)  # k1 = −x, k3 = eˣ − x − 1
-    return KLEstimators(k1=x, k2=k2, k3=safe_exp(-x) - 1.0 + x)  # AReaL: k1 = x, k3 = e^{−x} − 1 + x
+        return -x if kind == "k1" else safe_exp(x) - x - 1.0  # k1 = −x, k3 = eˣ − x − 1
+    return x if kind == "k1" else safe_exp(-x) - 1.0 + x  # AReaL: k1 = x, k3 = e^{−x} − 1 + x
 
 
 def mismatch_kl(
@@ -159,8 +168,10 @@ def reference_kl(
         k = safe_exp(x) - x - 1.0  # k3 = eˣ − x − 1
         if kind == "low_var_kl":
             k = k.clamp(min=-clamp, max=clamp)
-    k = where_masked(k, m)
-    return RefKL(k, detach_metrics({"kl/ref_mean": masked_mean(k, m)}))
+    # x = 0 off the mask, where every kind gives k = 0 (k1: −0) with zero gradient: no re-masking needed, and the
+    # token mean is a plain sum over the count.
+    n = torch.count_nonzero(m).clamp(min=1).to(k.dtype)
+    return RefKL(k, detach_metrics({"kl/ref_mean": k.sum() / n}))
 
 
 def last_token_mask(mask: Shaped[Tensor, "B T"]) -> Bool[Tensor, "B T"]:

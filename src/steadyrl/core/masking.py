@@ -24,6 +24,15 @@ def as_bool_mask(mask: Tensor) -> Bool[Tensor, "..."]:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
+def any_true(x: Shaped[Tensor, "..."], dim: int | None = None, *, keepdim: bool = False) -> Bool[Tensor, "..."]:
+    """``x.any(dim)`` (as bool), computed as a max reduction: the same result, several times faster on CPU, where
+    PyTorch's bool ``any`` kernel is slow. An empty reduction, which ``amax`` refuses, falls back to ``any``."""
+    x = as_bool_mask(x)
+    if (x.numel() if dim is None else x.shape[dim]) == 0:
+        return x.any() if dim is None else x.any(dim=dim, keepdim=keepdim)
+    return x.amax() if dim is None else x.amax(dim=dim, keepdim=keepdim)
+
+
 def where_masked(x: Tensor, mask: Tensor, fill: float = 0.0) -> Tensor:
     """``x`` where ``mask`` holds, ``fill`` elsewhere (gradient-safe: masked positions get zero gradient)."""
     if x.is_floating_point():
@@ -47,13 +56,13 @@ def masked_mean(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], dim: int | N
 def masked_max(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Tensor:
     """Max of ``x`` over masked-in positions (0 when none)."""
     m = where_masked(x, mask, fill=-torch.inf).amax()
-    return torch.where(mask.any(), m, torch.zeros_like(m))
+    return torch.where(any_true(mask), m, torch.zeros_like(m))
 
 
 def masked_min(x: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Tensor:
     """Min of ``x`` over masked-in positions (0 when none)."""
     m = where_masked(x, mask, fill=torch.inf).amin()
-    return torch.where(mask.any(), m, torch.zeros_like(m))
+    return torch.where(any_true(mask), m, torch.zeros_like(m))
 
 
 def lengths(mask: Bool[Tensor, "B T"]) -> Float[Tensor, " B"]:
@@ -71,6 +80,11 @@ def safe_exp(log_ratio: Tensor, bound: float = LOG_RATIO_CLAMP) -> Tensor:
     # exp in place on the clamp's fresh output: one [B, T] buffer instead of two (clamp's backward needs its input,
     # not its output, so autograd allows it).
     return clamp_log_ratio(log_ratio, bound).exp_()
+
+
+def safe_exp_(log_ratio: Tensor, bound: float = LOG_RATIO_CLAMP) -> Tensor:
+    """:func:`safe_exp` in place, for a fresh detached tensor the caller owns (no new [B, T] buffer); returns it."""
+    return log_ratio.clamp_(min=-bound, max=bound).exp_()
 
 
 def seq_log_ratio(log_ratio: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, " B"]:
@@ -125,7 +139,7 @@ def aggregate(
 
 def all_masked_flag(mask: Bool[Tensor, "..."]) -> Float[Tensor, ""]:
     """Metric ``loss/all_masked``: 1.0 when no token is trainable, else 0.0 (a tensor; no host sync)."""
-    return (~mask.any()).to(torch.get_default_dtype())
+    return (~any_true(mask)).to(torch.get_default_dtype())
 
 
 def detach_metrics(metrics: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -30,8 +30,9 @@ import torch
 from jaxtyping import Bool, Float, Shaped
 from torch import Tensor
 
-from steadyrl.core.kl import KL_CONVENTIONS, MISMATCH_KINDS, KLConvention, MismatchKind, mismatch_kl
+from steadyrl.core.kl import KL_CONVENTIONS, MISMATCH_KINDS, KLConvention, MismatchKind, mismatch_estimator
 from steadyrl.core.masking import (
+    any_true,
     as_bool_mask,
     broadcast_seq,
     geo_log_ratio,
@@ -85,7 +86,7 @@ def _seq_agg(k: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], agg: str) -> Fl
     if agg == "mean":
         return masked_mean(k, mask, dim=-1)
     mx = torch.where(mask, k, torch.full_like(k, -torch.inf)).amax(dim=-1)
-    return torch.where(mask.any(dim=-1), mx, torch.zeros_like(mx))
+    return torch.where(any_true(mask, dim=-1), mx, torch.zeros_like(mx))
 
 
 def _bound(value: float, spec: RejectionSpec, like: Tensor) -> Tensor:
@@ -133,8 +134,10 @@ def divergence_rejection_all(
         _validate(spec)
     m = as_bool_mask(mask)
     ell = log_ratio.detach()
-    kl = mismatch_kl(log_ratio=ell, mask=m, convention=convention)  # per-token k1, k2, k3 (0 off the mask)
-    estimates = {"k1": kl.k1, "k2": kl.k2, "k3": kl.k3}
+    x = where_masked(ell, m)  # as in ``kl.mismatch_kl``: estimators are 0 off the mask
+    # Only the estimators the conditions test (each as ``kl.mismatch_kl`` computes it).
+    kinds = dict.fromkeys(spec.metric for spec in specs)
+    estimates = {k: mismatch_estimator(x, kind=k, convention=convention) for k in kinds}
     keep = m
     for spec in specs:
         keep = keep & _keep(estimates, m, spec)
@@ -145,7 +148,7 @@ def divergence_rejection_all(
     else:
         w = broadcast_seq(safe_exp(geo_log_ratio(ell, m)), ell)  # exp(S̄_i)
     w = where_masked(w, keep)
-    return Corrected(w, keep, correction_metrics(weights=w, mask_in=m, mask_out=keep))
+    return Corrected(w, keep, correction_metrics(weights=w, mask_in=m, mask_out=keep), unit_weights=weight == "one")
 
 
 def divergence_rejection(
@@ -206,8 +209,8 @@ def opsm(
     seq_kl = masked_mean(d, m, dim=-1)  # mean_t over masked tokens
     keep_seq = (advantages.detach() >= 0) | (seq_kl <= delta)
     keep = m & broadcast_keep(keep_seq, m)
-    w = where_masked(torch.ones_like(d), keep)
+    w = keep.to(d.dtype)  # 1 on kept tokens, 0 elsewhere
     metrics = correction_metrics(weights=w, mask_in=m, mask_out=keep)
-    nonempty = m.any(dim=-1)
+    nonempty = any_true(m, dim=-1)
     metrics["kl/opsm_seq_mean"] = masked_mean(seq_kl.unsqueeze(0), nonempty.unsqueeze(0)).detach()
-    return Corrected(w, keep, metrics)
+    return Corrected(w, keep, metrics, unit_weights=True)

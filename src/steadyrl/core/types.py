@@ -47,8 +47,11 @@ class Corrected(NamedTuple):
     """Result of an importance correction: detached per-token weights and the mask of tokens it keeps.
 
     ``weights`` is 1 where a correction only masks; ``mask`` is the input mask with rejected tokens removed.
+    ``unit_weights`` is True when the correction only masks (``weights`` is 1 on every kept token): a caller that
+    multiplies corrections' weights together may then skip this one's product.
     """
 
     weights: Float[Tensor, "B T"]
     mask: Bool[Tensor, "B T"]
     metrics: Metrics
+    unit_weights: bool = False

@@ -39,12 +39,14 @@ from torch import Tensor
 from steadyrl.core.masking import (
     aggregate,
     all_masked_flag,
+    any_true,
     as_bool_mask,
     broadcast_seq,
     detach_metrics,
     geo_log_ratio,
     masked_min,
     safe_exp,
+    safe_exp_,
     seq_log_ratio,
     where_masked,
 )
@@ -139,25 +141,27 @@ def correction_metrics(
 ) -> Metrics:
     """The ``is/`` metrics every correction logs (see the module docstring); detached 0-d tensors.
 
-    ``weights`` follow the corrections' convention: ≥ 0, and 0 outside ``mask_out``. The mean and the max over the
-    kept tokens are then plain reductions of the whole tensor (the zeros add nothing and never exceed a weight).
+    ``weights`` follow the corrections' convention: ≥ 0, and 0 outside ``mask_out``; ``mask_out`` ⊆ ``mask_in`` (a
+    correction only removes tokens). The mean and the max over the kept tokens are then plain reductions of the
+    whole tensor (the zeros add nothing and never exceed a weight), and the removed tokens a difference of counts.
 
     With ``truncated`` (a truncation): ``is/truncated_frac`` = |truncated ∧ mask_in| / |mask_in|. Without it (a
     masking correction): ``is/masked_frac``, ``is/seq_masked_frac`` and ``loss/all_masked``.
     """
     dtype = weights.dtype
-    n_in = torch.count_nonzero(mask_in).clamp(min=1).to(dtype)
+    count_in, count_out = torch.count_nonzero(mask_in), torch.count_nonzero(mask_out)
+    n_in = count_in.clamp(min=1).to(dtype)
     metrics: Metrics = {
-        "is/weight_mean": weights.sum() / torch.count_nonzero(mask_out).clamp(min=1).to(dtype),  # w = 0 off mask
+        "is/weight_mean": weights.sum() / count_out.clamp(min=1).to(dtype),  # w = 0 off mask
         "is/weight_max": weights.amax(),  # w ≥ 0, and 0 off the mask (0 when nothing is kept)
         "is/weight_min": masked_min(weights, mask_out),
     }
     if truncated is not None:
         metrics["is/truncated_frac"] = torch.count_nonzero(truncated & mask_in).to(dtype) / n_in
     else:
-        seq_in = mask_in.any(dim=-1)
-        seq_removed = seq_in & ~mask_out.any(dim=-1)
-        metrics["is/masked_frac"] = torch.count_nonzero(mask_in & ~mask_out).to(dtype) / n_in
+        seq_in = any_true(mask_in, dim=-1)
+        seq_removed = seq_in & ~any_true(mask_out, dim=-1)
+        metrics["is/masked_frac"] = (count_in - count_out).to(dtype) / n_in  # |mask_in ∧ ¬mask_out|
         metrics["is/seq_masked_frac"] = seq_removed.sum().to(dtype) / seq_in.sum().clamp(min=1).to(dtype)
         metrics["loss/all_masked"] = all_masked_flag(mask_out)
     return detach_metrics(metrics)
@@ -213,8 +217,8 @@ def token_tis(
     if floor is not None:
         log_floor = log_bound(floor, like=ell)
         truncated = truncated | (ell < log_floor)
-        log_w = torch.maximum(log_w, log_floor)  # TRL: clamp(ρ, C_min, C)
-    w = where_masked(safe_exp(log_w), m)
+        log_w = log_w.clamp_(min=log_floor)  # TRL: clamp(ρ, C_min, C)
+    w = where_masked(safe_exp_(log_w), m)  # log_w is a fresh detached tensor: exponentiated in place
     if renormalize is not None:
         w = where_masked(_renormalize(w, m, renormalize), m)
     return Corrected(w, m, correction_metrics(weights=w, mask_in=m, mask_out=m, truncated=truncated))
@@ -255,7 +259,7 @@ def seq_tis(
         w = where_masked(_renormalize(w, m, renormalize), m)
     truncated = broadcast_keep(seq_truncated, m)
     metrics = correction_metrics(weights=w, mask_in=m, mask_out=m, truncated=truncated)
-    nonempty = m.any(dim=-1)
+    nonempty = any_true(m, dim=-1)
     metrics["is/seq_truncated_frac"] = (
         (seq_truncated & nonempty).sum().to(w.dtype) / nonempty.sum().clamp(min=1).to(w.dtype)
     ).detach()
@@ -264,17 +268,21 @@ def seq_tis(
 
 def _masked_correction(
     *,
-    log_weight: Float[Tensor, "B T"],
+    log_weight: Float[Tensor, "B _"],  # [B, T], or [B, 1] for a sequence-level weight
     keep: Bool[Tensor, "B T"],
     mask: Bool[Tensor, "B T"],
     weight: str,
 ) -> Corrected:
-    """Shared tail of every masking correction: new mask = mask ∧ keep; weight exp(log_weight) or 1 on kept tokens."""
+    """Shared tail of every masking correction: new mask = mask ∧ keep; weight exp(log_weight) or 1 on kept tokens.
+
+    A sequence-level ``log_weight`` comes as [B, 1] and is exponentiated once per sequence, then broadcast.
+    """
     check_choice("weight", weight, MIS_WEIGHTS)
     new_mask = mask & keep
     w = safe_exp(log_weight) if weight == "ratio" else torch.ones_like(log_weight)
     w = where_masked(w, new_mask)
-    return Corrected(w, new_mask, correction_metrics(weights=w, mask_in=mask, mask_out=new_mask))
+    metrics = correction_metrics(weights=w, mask_in=mask, mask_out=new_mask)
+    return Corrected(w, new_mask, metrics, unit_weights=weight == "one")
 
 
 def token_mis(
@@ -329,7 +337,7 @@ def seq_mis(
     ell = log_ratio.detach()
     S = seq_log_ratio(ell, m)  # S_i = Σ_t m ℓ
     keep = broadcast_keep(in_log_bounds(S, lower=lower, upper=upper), m)
-    return _masked_correction(log_weight=broadcast_seq(S, ell), keep=keep, mask=m, weight=weight)
+    return _masked_correction(log_weight=S.unsqueeze(-1), keep=keep, mask=m, weight=weight)
 
 
 def geo_mis(
@@ -357,7 +365,7 @@ def geo_mis(
     ell = log_ratio.detach()
     S_bar = geo_log_ratio(ell, m)  # S̄_i = S_i / L_i
     keep = broadcast_keep(in_log_bounds(S_bar, lower=lower, upper=upper), m)
-    return _masked_correction(log_weight=broadcast_seq(S_bar, ell), keep=keep, mask=m, weight=weight)
+    return _masked_correction(log_weight=S_bar.unsqueeze(-1), keep=keep, mask=m, weight=weight)
 
 
 def icepop(
@@ -397,7 +405,7 @@ def token_veto(
     m = as_bool_mask(mask)
     ell = log_ratio.detach()
     low = m & (ell < log_bound(threshold, like=ell))  # a catastrophic token: ρ_t < threshold
-    keep = broadcast_keep(~low.any(dim=-1), m)
+    keep = broadcast_keep(~any_true(low, dim=-1), m)
     return _masked_correction(log_weight=ell, keep=keep, mask=m, weight=weight)
 
 
@@ -424,12 +432,12 @@ def prefix_ratio(
     check_bounds(None, cap)
     m = as_bool_mask(mask)
     ell = where_masked(log_ratio.detach(), m)
-    n = m.cumsum(dim=-1).clamp(min=1).to(ell.dtype)  # n_t = Σ_{k≤t} m_k
-    log_w = ell.cumsum(dim=-1) / n  # (1/n_t) Σ_{k≤t} m_k ℓ_k
+    n = torch.cumsum(m, dim=-1, dtype=ell.dtype).clamp_(min=1)  # n_t = Σ_{k≤t} m_k (exact: counts < 2^24)
+    log_w = ell.cumsum(dim=-1).div_(n)  # (1/n_t) Σ_{k≤t} m_k ℓ_k
     truncated = torch.zeros_like(m)
     if cap is not None:
         log_cap = log_bound(cap, like=log_w)
         truncated = log_w > log_cap
-        log_w = torch.minimum(log_w, log_cap)
-    w = where_masked(safe_exp(log_w), m)
+        log_w = log_w.clamp_(max=log_cap)
+    w = where_masked(safe_exp_(log_w), m)  # log_w is a fresh detached tensor: exponentiated in place
     return Corrected(w, m, correction_metrics(weights=w, mask_in=m, mask_out=m, truncated=truncated))

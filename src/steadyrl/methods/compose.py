@@ -254,7 +254,8 @@ def compute_loss(
             c, b=b, logp=logp, prox=prox, measured=measured, behav=behav, ell=ell, adv_tok=adv_tok,
             adv_seq=adv_seq, mask=mask,
         )  # fmt: skip
-        w = res.weights if w is None else w * res.weights
+        if not res.unit_weights:  # a pure mask's weight is 1 on every token it keeps: no product needed
+            w = res.weights if w is None else w * res.weights
         mask = res.mask
         metrics.update(_rename_is(res.metrics, c.type))
     seq_rewards = _rewards(spec, b, logp, mask0).seq if spec.objective.type == "oapl" else None

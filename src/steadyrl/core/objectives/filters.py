@@ -25,8 +25,8 @@ from jaxtyping import Float, Shaped
 from torch import Tensor
 
 from steadyrl.core.masking import (
+    any_true,
     as_bool_mask,
-    broadcast_seq,
     detach_metrics,
     geo_log_ratio,
     masked_mean,
@@ -58,8 +58,7 @@ def _log_ratio(
     logp: Float[Tensor, "B T"], behav_logp: Float[Tensor, "B T"], mask: Shaped[Tensor, "B T"]
 ) -> Float[Tensor, "B T"]:
     """log(π_θ/μ) per token, detached, 0 where masked out."""
-    m = as_bool_mask(mask)
-    return where_masked(logp.detach(), m) - where_masked(behav_logp.detach(), m)
+    return where_masked(logp.detach() - behav_logp.detach(), as_bool_mask(mask))
 
 
 def vaco_filter(
@@ -92,20 +91,21 @@ def vaco_filter(
         raise ValueError(f"VACO level {level!r} is not one of {', '.join(VACO_LEVELS)}")
     m = as_bool_mask(mask)
     log_ratio = _log_ratio(logp, behav_logp, m)
-    if level == "geometric":
-        seq_ratio = safe_exp(geo_log_ratio(log_ratio, m))  # r_i = exp(mean_t log(π_θ/μ))
-        nonempty = m.any(dim=-1)
-        tv = masked_mean((TV_HALF * (seq_ratio - 1.0).abs()).unsqueeze(-1), nonempty.unsqueeze(-1))  # ½ mean |r−1|
-        ratio = broadcast_seq(seq_ratio, like=log_ratio)
+    if level == "geometric":  # per sequence, on [B, 1], broadcast to the tokens by the tests below
+        seq_ratio = safe_exp(geo_log_ratio(log_ratio, m)).unsqueeze(-1)  # r_i = exp(mean_t log(π_θ/μ))
+        half_dev = TV_HALF * (seq_ratio - 1.0).abs()  # ½|r_i − 1|
+        tv = masked_mean(half_dev, any_true(m, dim=-1, keepdim=True))  # ½ mean |r−1| over non-empty sequences
+        excess = seq_ratio - 1.0
     else:
-        ratio = safe_exp(log_ratio)  # r_t = π_θ/μ
-        tv = masked_mean(TV_HALF * (ratio - 1.0).abs(), m)  # ½ mean |r−1|
+        excess = safe_exp(log_ratio) - 1.0  # r_t − 1, r_t = π_θ/μ
+        half_dev = TV_HALF * excess.abs()  # ½|r_t − 1|
+        tv = masked_mean(half_dev, m)  # ½ mean |r−1|
     adv = where_masked(advantages.detach(), m)
-    too_far = TV_HALF * (ratio - 1.0).abs() > delta  # ½|r − 1| > δ
-    moves_away = torch.sign(adv) * (ratio - 1.0) > 0  # sign(A)(r − 1) > 0: the update would grow TV
+    too_far = half_dev > delta  # ½|r − 1| > δ
+    moves_away = torch.sign(adv) * excess > 0  # sign(A)(r − 1) > 0: the update would grow TV
     dropped = m & too_far & moves_away
     metrics: Metrics = {"vaco/tv": tv, "vaco/masked_frac": mask_frac(dropped, m)}
-    return Corrected(weights=torch.ones_like(ratio), mask=m & ~dropped, metrics=detach_metrics(metrics))
+    return Corrected(torch.ones_like(log_ratio), m & ~dropped, detach_metrics(metrics), unit_weights=True)
 
 
 def copc_actor_mask(
@@ -129,7 +129,7 @@ def copc_actor_mask(
     ratio = safe_exp(_log_ratio(logp, behav_logp, m))  # ρ_t = π_θ/μ
     kept = m & (ratio >= c_low) & (ratio <= c_high)  # ρ_t ∈ [c_low, c_high]
     metrics: Metrics = {"copc/masked_frac": mask_frac(m & ~kept, m)}
-    return Corrected(weights=torch.ones_like(ratio), mask=kept, metrics=detach_metrics(metrics))
+    return Corrected(torch.ones_like(ratio), kept, detach_metrics(metrics), unit_weights=True)
 
 
 def estr_mask(
@@ -153,7 +153,13 @@ def estr_mask(
     m = as_bool_mask(mask)
     delta = _log_ratio(logp, behav_logp, m)  # δ_t = log(π_θ/μ)
     entropy = where_masked(behav_entropy.detach(), m, fill=1.0)  # H_t (neutral value where masked out)
-    score = delta**2 / (entropy + eps)  # δ_t² / (H_t + ε)
+    score = (delta**2).div_(entropy.add_(eps))  # δ_t² / (H_t + ε), in place on the fresh detached tensors
     kept = m & (score <= tau)
-    metrics: Metrics = {"estr/masked_frac": mask_frac(m & ~kept, m), "estr/score_mean": masked_mean(score, m)}
-    return Corrected(weights=torch.ones_like(delta), mask=kept, metrics=detach_metrics(metrics))
+    # δ = 0 off the mask, so the score is 0 there: its masked mean is a plain sum over the count; kept ⊆ m, so the
+    # dropped tokens are a difference of counts.
+    n_in, n_kept = torch.count_nonzero(m), torch.count_nonzero(kept)
+    frac_dtype = torch.get_default_dtype()  # as ``ppo.mask_frac``
+    masked_frac = (n_in - n_kept).to(frac_dtype) / n_in.clamp(min=1).to(frac_dtype)
+    score_mean = score.sum() / n_in.clamp(min=1).to(score.dtype)
+    metrics: Metrics = {"estr/masked_frac": masked_frac, "estr/score_mean": score_mean}
+    return Corrected(torch.ones_like(delta), kept, detach_metrics(metrics), unit_weights=True)

@@ -22,6 +22,7 @@ from steadyrl.core.masking import (
     AggMode,
     aggregate,
     all_masked_flag,
+    any_true,
     as_bool_mask,
     broadcast_seq,
     detach_metrics,
@@ -94,7 +95,7 @@ def gmc_weights(
     if cap not in GMC_CAPS:
         raise ValueError(f"GMC cap {cap!r} is not one of {', '.join(GMC_CAPS)}")
     m = as_bool_mask(mask)
-    nonempty = m.any(dim=-1)
+    nonempty = any_true(m, dim=-1)
     ell = where_masked(prox_logp.detach(), m) - where_masked(behav_logp.detach(), m)  # ℓ = log π_prox − log μ
     S = torch.where(nonempty, seq_log_ratio(ell, m), -torch.inf)  # S_i; −inf drops empty rows from group sums
     log_G = group_sum(nonempty.to(S.dtype), group_ids=group_ids).clamp(min=1).log()  # log G_g
@@ -159,7 +160,7 @@ def gmc_grpo_loss(
     ``gmc/weight_max`` from ``gmc_weights``.
     """
     m = as_bool_mask(mask)
-    nonempty = m.any(dim=-1)
+    nonempty = any_true(m, dim=-1)
     gw = gmc_weights(prox_logp=prox_logp, behav_logp=behav_logp, mask=m, group_ids=group_ids, eps=eps, cap=cap)
     logp_in = where_masked(logp, m)
     coef = gw.weights * where_masked(advantages.detach(), nonempty)  # w_i A_i (detached)

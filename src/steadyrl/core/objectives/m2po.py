@@ -43,6 +43,37 @@ AUTHORS_FLOOR_HIGH: float = 0.5
 BudgetScope = Literal["candidates", "valid"]
 BUDGET_SCOPES: tuple[str, ...] = get_args(BudgetScope)
 
+#: The signed integer type as wide as each float type, to sort floats by their IEEE-754 bits (``sort_floats``).
+_BITS_DTYPE: dict[torch.dtype, torch.dtype] = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
+
+
+class SortedFloats(NamedTuple):
+    """Result of ``sort_floats``: the sorted values and, for each, its index in the input."""
+
+    values: Float[Tensor, " N"]
+    indices: Int[Tensor, " N"]
+
+
+def sort_floats(x: Float[Tensor, " N"], *, descending: bool = False) -> SortedFloats:
+    """``torch.sort(x, descending=descending, stable=True)`` of a 1-D float tensor, through integer keys.
+
+    PyTorch's CPU sort is a radix sort for integers but a comparison sort for floats, about 6× slower (B·T = 2.6e5
+    values: ~26 ms against ~4 ms). The key is the float's IEEE-754 bit pattern read as a signed integer, with the
+    magnitude bits flipped where the sign bit is set (key = bits ⊕ 0x7F…F for negative numbers): an order-preserving
+    map, so ascending keys are ascending floats; a descending sort sorts the complement ~key. Values and order are
+    torch.sort's, ties in index order, except that −0.0 sorts just below +0.0 and a NaN with its sign bit set sorts
+    before −inf instead of after +inf.
+    """
+    bits = x.contiguous().view(_BITS_DTYPE[x.dtype])
+    key = torch.where(bits < 0, bits ^ torch.iinfo(bits.dtype).max, bits)  # monotone in x
+    order = torch.sort(~key if descending else key, stable=True).indices
+    return SortedFloats(values=x.gather(0, order), indices=order)
+
 
 class M2POClipRange(NamedTuple):
     """Result of ``m2po_clip_range``.
@@ -86,10 +117,10 @@ def harmful_tokens(
     [reference-code] The M2PO authors' trust-region token set; A and log r are compared with ±``HARMFUL_TOL``.
     """
     m = as_bool_mask(mask)
-    log_r = -where_masked(log_ratio.detach(), m)  # log r = log π_prox − log μ = −δ
+    delta = where_masked(log_ratio.detach(), m)  # δ = −log r, log r = log π_prox − log μ
     adv = where_masked(advantages.detach(), m)
-    pushes_up = (adv > HARMFUL_TOL) & (log_r > HARMFUL_TOL)  # A > 0 ∧ r > 1
-    pushes_down = (adv < -HARMFUL_TOL) & (log_r < -HARMFUL_TOL)  # A < 0 ∧ r < 1
+    pushes_up = (adv > HARMFUL_TOL) & (delta < -HARMFUL_TOL)  # A > 0 ∧ r > 1 (log r > tol ⇔ δ < −tol)
+    pushes_down = (adv < -HARMFUL_TOL) & (delta > HARMFUL_TOL)  # A < 0 ∧ r < 1 (log r < −tol ⇔ δ > tol)
     return m & (pushes_up | pushes_down)
 
 
@@ -144,26 +175,29 @@ def m2po_mask(
 
     flat_sq, flat_cand = sq.flatten(), candidates.flatten()
     N = flat_sq.numel()
-    sorted_sq, order = torch.sort(torch.where(flat_cand, flat_sq, -torch.inf), descending=True)  # v_1 ≥ … ≥ v_n
-    n = flat_cand.sum()
+    sorted_sq, order = sort_floats(torch.where(flat_cand, flat_sq, -torch.inf), descending=True)  # v_1 ≥ … ≥ v_n
+    n = torch.count_nonzero(flat_cand)
+    n_budget = torch.count_nonzero(budget_set)
+    budget_sum = masked_sum(sq, budget_set)  # Σ_{budget set} δ²
     idx = torch.arange(N + 1, device=sq.device)  # k = 0 … N
     dropped_sum = torch.cat([sq.new_zeros(1), torch.cumsum(where_masked(sorted_sq, idx[1:] <= n), 0)])  # Σ_{j≤k} v_j
-    rest_count = budget_set.sum() - idx
-    rest_mean = (masked_sum(sq, budget_set) - dropped_sum) / rest_count.clamp(min=1).to(sq.dtype)  # M2(k)
+    rest_count = n_budget - idx
+    rest_mean = (budget_sum - dropped_sum) / rest_count.clamp(min=1).to(sq.dtype)  # M2(k)
     meets = (rest_mean < tau) & (rest_count > 0)
     stop = (meets | (idx == n)) & (idx <= n)  # k ≤ n; dropping every candidate is the last resort
-    k = stop.to(torch.int64).argmax()  # k*: first index that stops (argmax returns the first maximum)
+    k = stop.to(torch.uint8).argmax()  # k*: first index that stops (argmax returns the first maximum)
 
-    rank = torch.empty_like(order).scatter_(0, order, torch.arange(N, device=sq.device))  # position in sort order
-    dropped = (flat_cand & (rank < k)).view_as(m)
+    # Drop the first k* tokens of the sort order: scatter "sorted position < k*" back to the token positions.
+    in_top = torch.empty_like(flat_cand).scatter_(0, order, idx[:N] < k)
+    dropped = (flat_cand & in_top).view_as(m)
     kept = m & ~dropped
     metrics: Metrics = {
         "m2po/masked_frac": mask_frac(dropped, m),
-        "m2po/m2_before": masked_mean(sq, budget_set),
+        "m2po/m2_before": budget_sum / n_budget.clamp(min=1).to(sq.dtype),  # mean δ² over the budget set
         "m2po/m2_after": masked_mean(sq, budget_set & kept),
         "m2po/budget_unreachable": ((n > 0) & ~_at(meets, k)).to(torch.get_default_dtype()),
     }
-    return Corrected(weights=torch.ones_like(delta), mask=kept, metrics=detach_metrics(metrics))
+    return Corrected(torch.ones_like(delta), kept, detach_metrics(metrics), unit_weights=True)
 
 
 def m2po_clip_range(
@@ -201,21 +235,25 @@ def m2po_clip_range(
     m = as_bool_mask(mask)
     delta = where_masked(log_ratio.detach(), m)  # δ = log μ − log π_prox
     harmful = harmful_tokens(log_ratio=delta, advantages=advantages, mask=m).flatten()
-    v_all = (delta**2).flatten().to(torch.float64)  # δ², searched in float64
+    sq = (delta**2).flatten()  # δ²
+    v_all = sq.to(torch.float64)  # searched in float64
     N = v_all.numel()
-    v_sorted, _ = torch.sort(torch.where(harmful, v_all, torch.inf))  # ascending, harmful tokens first
+    # Sorted on δ² in its own dtype: widening to float64 is exact and monotone, so the order is the same (and the
+    # integer keys of ``sort_floats`` half as wide). The other tokens are NaN, which sorts after +inf: the first n
+    # positions are the harmful tokens, ascending.
+    order = sort_floats(torch.where(harmful, sq, torch.nan)).indices
     idx = torch.arange(N, device=v_all.device)
-    n = harmful.sum()
+    n = torch.count_nonzero(harmful)
     n_f = n.to(torch.float64)
     is_harm = idx < n
-    v = where_masked(v_sorted, is_harm)  # v_0 ≤ … ≤ v_{n−1}, then zeros
+    v = where_masked(v_all.gather(0, order), is_harm)  # v_0 ≤ … ≤ v_{n−1}, then zeros
     csum = torch.cumsum(v, 0)  # Σ_{j≤k} v_j
     total = v.sum()
     m2 = total / n_f.clamp(min=1)  # M2 of the harmful tokens
     target = tau * n_f  # τ·n
     rest = (n - idx - 1).to(torch.float64)  # n − k − 1 tokens capped at v_k
     reaches = is_harm & (csum + rest * (v - BREAKPOINT_TOL) >= target - BREAKPOINT_TOL)
-    k = reaches.to(torch.int64).argmax()  # first breakpoint that reaches the budget
+    k = reaches.to(torch.uint8).argmax()  # first breakpoint that reaches the budget
     tau2 = (_at(v, (k - 1).clamp(min=0)) - BREAKPOINT_TOL).clamp(min=0.0)  # τ'² = v_{k−1} − 1e-12
     tau2 = torch.where((k == 0) | (target <= BREAKPOINT_TOL), torch.zeros_like(tau2), tau2)  # τ' = 0 cases
     no_clip = (n == 0) | (m2 <= tau + BREAKPOINT_TOL)
@@ -227,7 +265,7 @@ def m2po_clip_range(
         clip_low = clip_low.clamp(min=floor_low)
     if floor_high is not None:
         clip_high = clip_high.clamp(min=floor_high)
-    capped_sum = where_masked(torch.minimum(v, tau2), is_harm).sum()  # Σ_j min(v_j, τ'²)
+    capped_sum = torch.minimum(v, tau2).sum()  # Σ_j min(v_j, τ'²) (v = 0 past n and τ'² ≥ 0: those add 0)
     m2_after = torch.where(no_clip, m2, capped_sum / n_f.clamp(min=1))
     k = torch.where(no_clip, n, k)
     metrics: Metrics = {

@@ -18,6 +18,7 @@ from steadyrl.core.groups import group_count, group_logsumexp
 from steadyrl.core.masking import (
     aggregate,
     all_masked_flag,
+    any_true,
     as_bool_mask,
     detach_metrics,
     safe_exp,
@@ -88,7 +89,7 @@ def oapl_loss(
     ``oapl/adv_mean`` (mean Â*), ``oapl/seq_log_ratio_mean`` (mean Σ_t m (log π_θ − log μ) over non-empty rows).
     """
     m = as_bool_mask(mask)
-    nonempty = m.any(dim=-1)
+    nonempty = any_true(m, dim=-1)
     log_ratio = where_masked(logp, m) - where_masked(behav_logp.detach(), m)  # log π_θ − log μ per token
     seq_lr = seq_log_ratio(log_ratio, m)  # Σ_t m (log π_θ − log μ)
     value = oapl_value(rewards=rewards, group_ids=group_ids, beta1=beta1)  # V̂*(x)

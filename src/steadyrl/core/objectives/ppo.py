@@ -37,6 +37,7 @@ from steadyrl.core.masking import (
     AggMode,
     aggregate,
     all_masked_flag,
+    any_true,
     as_bool_mask,
     broadcast_seq,
     detach_metrics,
@@ -256,7 +257,7 @@ def gspo_loss(
     upper = 1.0 + as_scalar(clip_high, like=ratio_tok)
     surrogate = clipped_surrogate(ratio=ratio_tok, advantages=x.advantages, lower=lower, upper=upper)
     loss = aggregate(apply_weights(x.weights, surrogate.loss), x.mask, agg, norm_len=norm_len)  # w · L
-    nonempty = x.mask.any(dim=-1, keepdim=True)  # [B, 1]: sequence-level statistics as a one-token "batch"
+    nonempty = any_true(x.mask, dim=-1, keepdim=True)  # [B, 1]: sequence-level statistics as a one-token "batch"
     metrics: Metrics = ratio_metrics(seq_ratio.unsqueeze(-1), nonempty)
     metrics |= {
         "loss/clip_frac": mask_frac(surrogate.clipped, x.mask),

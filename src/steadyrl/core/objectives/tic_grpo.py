@@ -18,6 +18,7 @@ from torch import Tensor
 from steadyrl.core.masking import (
     aggregate,
     all_masked_flag,
+    any_true,
     as_bool_mask,
     detach_metrics,
     safe_exp,
@@ -65,7 +66,7 @@ def tic_grpo_loss(
     ``loss/ratio_mean`` / ``loss/ratio_max`` (of w'_i over non-empty sequences), ``loss/all_masked``.
     """
     m = as_bool_mask(mask)
-    nonempty = m.any(dim=-1)
+    nonempty = any_true(m, dim=-1)
     log_ratio = where_masked(logp, m) - where_masked(prox_logp.detach(), m)  # log π_θ − log π_prox per token
     traj_ratio = safe_exp(seq_log_ratio(log_ratio, m))  # w'_i = exp(Σ_t log r_t), with gradient
     adv = where_masked(advantages.detach(), nonempty)
