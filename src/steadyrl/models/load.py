@@ -52,10 +52,12 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _fields_fit_the_model(self) -> ModelConfig:
-        if self.name != DEFAULT_MODEL_NAME:
-            misplaced = sorted({"arch", "warm_start", "cache_dir"} & self.model_fields_set)
-        else:
-            misplaced = sorted({"download"} & self.model_fields_set)
+        # A field "applies" when it differs from its default: a resolved config written back (every field explicit)
+        # must load again.
+        fields = ("arch", "warm_start", "cache_dir") if self.name != DEFAULT_MODEL_NAME else ("download",)
+        misplaced = sorted(
+            f for f in fields if getattr(self, f) != type(self).model_fields[f].get_default(call_default_factory=True)
+        )
         if misplaced:
             raise ValueError(f"{', '.join(misplaced)} does not apply to name={self.name!r}")
         return self

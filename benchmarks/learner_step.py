@@ -1,0 +1,90 @@
+"""Learner step time of ``steadyrl train`` for the default model, per method, next to the sampling time of a step.
+
+The batch is the main job's: 16 prompts × G = 8 chain_sum responses, sampled by the default architecture (hidden
+128, 4 layers, ~1M parameters) with ``max_new_tokens`` tokens (4 ≈ a chain_sum answer + EOS). The weights are a
+seeded random initialization, so no warm start is needed; the step time depends on the shapes, not the weights.
+One learner step = forward with gradient, ``compute_loss``, backward, controllers, clipping, AdamW
+(:class:`steadyrl.train.learner.Learner`). Times are medians over ``--repeats`` steps after ``--warmup`` steps.
+
+    .venv/bin/python benchmarks/learner_step.py [--threads 1] [--repeats 20] [--methods grpo,seq_tis,vcpo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from functools import partial
+
+import torch
+
+from steadyrl.control import build_controllers
+from steadyrl.methods import resolve_method
+from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
+from steadyrl.rollout.sampler import generate
+from steadyrl.tasks import ChainSumConfig, build_task
+from steadyrl.train.config import OptimConfig, TrainConfig
+
+DEFAULT_METHODS = "grpo,seq_tis,seq_tis+gac,vcpo"
+
+
+def _median_seconds(fn, *, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    defaults = TrainConfig.model_fields
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--repeats", type=int, default=20, help="timed steps per method")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated method specs")
+    parser.add_argument("--prompts", type=int, default=defaults["prompts_per_step"].default, help="prompts per step")
+    parser.add_argument("--group-size", type=int, default=defaults["group_size"].default, help="G")
+    parser.add_argument("--max-new-tokens", type=int, default=4, help="response length cap")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(TinyArchConfig(), tokenizer=tokenizer, seed=0)
+    params = sum(p.numel() for p in model.parameters())
+    task = build_task(ChainSumConfig())
+    prompts = [p.prompt for p in task.problems("train", args.prompts, seed=0)]
+
+    def sample():
+        return generate(
+            model, tokenizer, prompts, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+            generator=torch.Generator().manual_seed(0), version=0,
+        )
+
+    rollouts = sample()
+    rewards = (torch.arange(len(rollouts)) % 3 == 0).float()
+    sample_s = _median_seconds(sample, repeats=args.repeats, warmup=args.warmup)
+    B, T = rollouts.response_ids.shape
+    print(f"default model: {params / 1e6:.2f}M parameters, {args.threads} thread(s); batch {args.prompts} prompts "
+          f"x G={args.group_size} = {B} responses, T={T} tokens")
+    print(f"{'method':<16} {'learner step ms':>16} {'vs grpo':>8} {'vs sampling':>12}")
+    base = None
+    from steadyrl.train.learner import Learner
+
+    for spec_name in args.methods.split(","):
+        spec = resolve_method(spec_name)
+        learner = Learner(
+            model=build_tiny_model(TinyArchConfig(), tokenizer=tokenizer, seed=0), method=spec,
+            controllers=build_controllers(spec), lr=1e-4, optim=OptimConfig(), log=lambda _: None,
+        )
+        seconds = _median_seconds(partial(learner.step, rollouts, rewards), repeats=args.repeats, warmup=args.warmup)
+        base = base or seconds
+        print(f"{spec_name:<16} {seconds * 1e3:>16.1f} {seconds / base:>7.2f}x {seconds / sample_s:>11.2f}x")
+    print(f"{'sampling':<16} {sample_s * 1e3:>16.1f}   (generate, {args.max_new_tokens} new tokens, KV cache)")
+
+
+if __name__ == "__main__":
+    main()

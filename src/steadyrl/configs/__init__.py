@@ -1,0 +1,1 @@
+"""Shipped ``steadyrl train`` configs (YAML); ``steadyrl train NAME`` runs ``NAME.yaml`` from here."""

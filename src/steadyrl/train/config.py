@@ -1,0 +1,236 @@
+"""The configuration of ``steadyrl train``: one strict pydantic model, loaded from YAML plus ``key=value`` overrides.
+
+Key scheme (one name per setting, no aliases):
+
+* The keys a run is usually varied by are **top level**: ``task``, ``model``, ``method``, ``lag``, ``steps``, ``seed``,
+  ``out_dir``, ``group_size``, ``prompts_per_step``, ``lr``, ``resume``.
+* Everything else lives in a **section**: ``sampling``, ``optim``, ``eval``, ``data``, ``checkpoint``, ``runtime``,
+  ``log``; override with dotted keys (``optim.weight_decay=0.1``, ``eval.every=10``).
+* ``task``, ``model`` and ``method`` are sections with a ``name``; a bare value sets the name (``task=countdown``,
+  ``method=seq_tis+gac``). Method options go under ``method`` with the method's own dotted names
+  (``method.seq_tis.cap=4``, ``method.agg=token-mean``; see ``steadyrl methods``).
+
+The field defaults are the README's main job; ``configs/default.yaml`` writes the same values out (a test checks it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from steadyrl.methods.resolve import required_inputs, resolve_method
+from steadyrl.methods.spec import MethodSpec
+from steadyrl.models import ModelConfig
+from steadyrl.tasks.config import ChainSumConfig, TaskConfig
+
+#: Batch tensors the learner of ``steadyrl train`` can hand to ``compute_loss`` (see ``steadyrl.train.learner``).
+PROVIDED_INPUTS: frozenset[str] = frozenset(
+    {"rewards", "group_ids", "versions", "learner_version", "prox_logp", "behav_entropy", "grad_sq_norms", "ref_logp"}
+)
+
+#: Upper bounds that keep a value within what this single-process runtime can hold.
+MAX_STEPS = 10_000_000
+MAX_LAG = 100_000
+MAX_BATCH = 65_536
+MAX_NEW_TOKENS = 65_536
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MethodConfig(_Section):
+    """The RL method: a preset or ``+`` composition and its options (validated by ``steadyrl.methods``)."""
+
+    name: str = Field("seq_tis", min_length=1, description="Preset or composition, e.g. grpo, seq_tis, vcpo, "
+                      "seq_tis+gac (`steadyrl methods` lists them).")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Method options by dotted name, e.g. {seq_tis.cap: 4, agg: token-mean}; they may also be "
+        "written directly under `method` (method.seq_tis.cap=4).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collect_options(cls, data: Any) -> Any:
+        """Every key under ``method`` other than ``name`` is a method option; nested mappings become dotted names."""
+        if not isinstance(data, dict):
+            return data
+        out: dict[str, Any] = {"name": data["name"]} if "name" in data else {}
+        options: dict[str, Any] = {}
+
+        def flatten(prefix: str, value: Any) -> None:
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    flatten(f"{prefix}.{k}" if prefix else str(k), v)
+            else:
+                options[prefix] = value
+
+        flatten("", data.get("options") or {})
+        flatten("", {k: v for k, v in data.items() if k not in ("name", "options")})
+        out["options"] = options
+        return out
+
+    def resolve(self) -> MethodSpec:
+        """The validated method spec (raises ``ValueError`` naming the bad option)."""
+        return resolve_method(self.name, self.options)
+
+    @model_validator(mode="after")
+    def _method_resolves_and_is_trainable(self) -> MethodConfig:
+        spec = self.resolve()
+        missing = sorted(set(required_inputs(spec)) - PROVIDED_INPUTS)
+        if missing:
+            raise ValueError(
+                f"method {self.name!r} needs batch inputs {missing} that `steadyrl train` does not produce "
+                f"(it provides {', '.join(sorted(PROVIDED_INPUTS))})"
+            )
+        return self
+
+
+class SamplingConfig(_Section):
+    """How the sampler draws G responses per prompt."""
+
+    max_new_tokens: int = Field(12, ge=1, le=MAX_NEW_TOKENS, description="Response length cap (tokens, EOS "
+                                "included); a response that hits it is truncated (reward as scored).")
+    temperature: float = Field(1.0, gt=0, le=100, description="Sampling temperature; the learner's log-probs use "
+                               "the same temperature, so at lag 0 the importance ratio is 1.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus truncation (1 = off). behav_logp is recorded under "
+                         "the truncated distribution, so top_p < 1 is itself an off-policy mismatch.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
+
+
+class OptimConfig(_Section):
+    """AdamW and the optimization phase of each learner step (the learning rate is the top-level ``lr``)."""
+
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (β1, β2).")
+    eps: float = Field(1e-8, gt=0, le=1, description="AdamW ε.")
+    weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW decoupled weight decay.")
+    grad_clip: float | None = Field(1.0, gt=0, description="Clip the global gradient norm to this (None: no clip).")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear lr warm-up over this many optimizer steps.")
+    updates_per_batch: int = Field(1, ge=1, le=1024, description="Passes over each batch (PPO epochs); > 1 makes "
+                                   "the learner recompute prox_logp before the first pass.")
+    minibatches: int = Field(1, ge=1, le=MAX_BATCH, description="Optimizer steps per pass; the batch is split by "
+                             "groups, so it must divide prompts_per_step.")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"each beta must be in [0, 1), got {value}")
+        return value
+
+
+class EvalConfig(_Section):
+    """Held-out accuracy on a fixed set of eval problems: at step 0, every ``every`` steps and at the end."""
+
+    every: int = Field(25, ge=0, le=MAX_STEPS, description="Evaluate every this many learner steps (0: only at "
+                       "step 0 and at the end).")
+    n: int = Field(512, ge=1, le=1_000_000, description="Number of held-out problems (the same set at every eval). "
+                   "Keep it >= 256: at 512 the standard error of an accuracy near 0.4 is about 0.02.")
+    greedy: bool = Field(False, description="Greedy decoding (top_k = 1) instead of sampling.")
+    temperature: float = Field(1.0, gt=0, le=100, description="Sampling temperature of the eval (ignored if greedy).")
+    batch_size: int = Field(512, ge=1, le=MAX_BATCH, description="Prompts per generate call during eval.")
+
+
+class DataConfig(_Section):
+    """Where training prompts come from."""
+
+    train_pool: int = Field(8192, ge=1, le=10_000_000, description="Number of train problems drawn from the task "
+                            "once; steps walk through them in a seeded order, reshuffled every epoch.")
+
+
+class CheckpointConfig(_Section):
+    """Periodic checkpoints under ``<out_dir>/checkpoints`` (atomic; the newest ``keep`` are kept)."""
+
+    every: int = Field(100, ge=0, le=MAX_STEPS, description="Save every this many learner steps (0: only at the end "
+                       "and on Ctrl-C).")
+    keep: int = Field(2, ge=1, le=1000, description="Checkpoints to keep (older ones are deleted).")
+
+
+class RuntimeConfig(_Section):
+    """How rollouts are produced. ``lag`` is the deterministic exact-lag emulation (one process)."""
+
+    mode: Literal["lag"] = Field("lag", description="lag: deterministic emulation of a sampler running ahead of the "
+                                 "learner (the only mode of this version).")
+    schedule: Literal["pipeline", "periodic"] = Field(
+        "pipeline",
+        description="pipeline: step t samples with the weights of step max(0, t − lag) (PipelineRL-k); periodic: the "
+        "sampler takes the learner's weights every refresh_every steps (OAPL's setting).",
+    )
+    refresh_every: int = Field(50, ge=1, le=MAX_STEPS, description="Steps between sampler refreshes (periodic only).")
+    threads: int = Field(1, ge=0, le=1024, description="torch CPU threads (0: torch's default). Byte-identical "
+                         "metrics need the same thread count.")
+
+
+class LogConfig(_Section):
+    """Outputs besides metrics.jsonl."""
+
+    tensorboard: bool = Field(False, description="Also write TensorBoard events to <out_dir>/tb.")
+    progress: bool = Field(True, description="Show a progress bar (ETA, reward, ESS ratio, accuracy).")
+    plot: bool = Field(True, description="Write <out_dir>/plot.png at the end (and on resume/interrupt).")
+    timings: Literal["metrics", "separate"] = Field(
+        "metrics",
+        description="Where the wall-clock keys time/* go: into metrics.jsonl, or into timings.jsonl so that "
+        "metrics.jsonl is byte-identical between two runs of the same config and seed.",
+    )
+
+
+class TrainConfig(_Section):
+    """Everything ``steadyrl train`` needs. Field defaults are the README's main job."""
+
+    task: TaskConfig = Field(default_factory=ChainSumConfig, description="The verifiable task (see its name's keys).")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy: the embedded default (warm-"
+                               "started and cached) or a local Hugging Face directory.")
+    method: MethodConfig = Field(default_factory=MethodConfig, description="The RL method and its options.")
+    lag: int = Field(16, ge=0, le=MAX_LAG, description="Policy lag k: step t's batch is sampled by the weights of "
+                     "step max(0, t − k) (pipeline schedule; 0 = synchronous on-policy).")
+    steps: int = Field(200, ge=1, le=MAX_STEPS, description="Learner steps (each: sample a batch, optimize on it).")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the model, problem order, sampling and eval.")
+    out_dir: Path = Field(Path("runs/default"), description="Output directory: metrics.jsonl, config.yaml, plot.png, "
+                          "checkpoints/.")
+    group_size: int = Field(8, ge=1, le=MAX_BATCH, description="Responses per prompt (G), the GRPO group.")
+    prompts_per_step: int = Field(16, ge=1, le=MAX_BATCH, description="Prompts per learner step; the batch has "
+                                  "prompts_per_step × group_size responses.")
+    lr: float = Field(3e-4, gt=0, le=1, description="AdamW learning rate (after warm-up; controllers such as the "
+                      "ESS step size scale it per step).")
+    resume: bool = Field(False, description="Continue the run in out_dir from its latest valid checkpoint.")
+    overwrite: bool = Field(False, description="Delete an existing run in out_dir instead of refusing to start.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampler settings.")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer settings.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Training prompts.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Rollout runtime.")
+    log: LogConfig = Field(default_factory=LogConfig, description="Logging outputs.")
+
+    @model_validator(mode="after")
+    def _minibatches_divide_prompts(self) -> TrainConfig:
+        if self.prompts_per_step % self.optim.minibatches:
+            raise ValueError(
+                f"optim.minibatches ({self.optim.minibatches}) must divide prompts_per_step ({self.prompts_per_step}):"
+                " minibatches split the batch by groups"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lag_belongs_to_pipeline(self) -> TrainConfig:
+        if self.runtime.schedule == "periodic" and self.lag != 0:
+            raise ValueError(
+                f"lag ({self.lag}) applies to runtime.schedule=pipeline; the periodic schedule's staleness is set by "
+                "runtime.refresh_every (set lag=0)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _eval_set_fits_task(self) -> TrainConfig:
+        eval_size = getattr(self.task, "eval_size", None)
+        if eval_size is not None and self.eval.n > eval_size:
+            raise ValueError(f"eval.n ({self.eval.n}) exceeds the task's held-out set task.eval_size ({eval_size})")
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        """Responses per learner step: prompts_per_step × group_size."""
+        return self.prompts_per_step * self.group_size

@@ -1,0 +1,265 @@
+"""The learner step: recompute log-probs, the method's loss, controllers, AdamW; it never sees where a batch came from.
+
+One learner step consumes one batch of rollouts (prompts_per_step × G responses with rewards) and runs
+``updates_per_batch`` passes of ``minibatches`` optimizer steps over it (1 × 1 by default). Each optimizer step:
+
+1. ``logp`` ← forward of π_θ over [prompt; response] (with gradient), at the sampler's temperature;
+2. ``loss, metrics = compute_loss(method, batch)`` with the batch keys the method needs (``required_inputs``);
+3. a non-finite loss skips the step (no backward); otherwise ``backward``;
+4. ``grad/norm`` = ‖g‖ of the raw gradient and ``grad/cos_prev`` = cos(g_t, g_{t−1}) (0 at the first step), for
+   every method; a non-finite norm skips the step;
+5. each controller's ``before_step`` (GAC edits ``.grad``; the ESS step size scales this step's lr; either can ask to
+   skip), then gradient clipping, a last finiteness check, ``optimizer.step()``, each ``after_step``.
+
+A skipped step zeroes the gradient and leaves weights and AdamW moments untouched (metric ``train/skipped`` = 1 and a
+printed reason). The proximal log-probs (``prox_logp``) are recomputed once, before the first optimizer step, when
+the method asks for it (``recompute_prox``) or when the batch gets more than one optimizer step; otherwise the loss
+uses π_prox = π_θ detached (VCPO's one-update setting).
+
+Version = number of optimizer steps applied (skipped ones do not count); the lag metrics of ``compute_loss`` use it.
+Metrics of the optimizer steps of one learner step are aggregated: keys ending in ``max`` by max, ``min`` by min,
+``time/*`` by sum, the rest by mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from steadyrl.control.base import SKIP_STEP, Controller
+from steadyrl.core.gac import grad_cosine
+from steadyrl.methods import compute_loss
+from steadyrl.methods.resolve import required_inputs
+from steadyrl.methods.spec import MethodSpec
+from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.rollouts import Rollouts
+from steadyrl.train.config import OptimConfig
+
+
+class LearnerOutput(NamedTuple):
+    """What one learner step did: aggregated metrics (plain floats), optimizer steps applied and skipped, why."""
+
+    metrics: dict[str, float]
+    applied: int
+    skipped: int
+    reasons: list[str]
+
+
+def flat_grad(params: Sequence[Tensor]) -> Tensor:
+    """All gradients as one float32 vector (zeros for a parameter without a gradient)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+
+
+def aggregate_metrics(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Combine per-optimizer-step metrics: ``*max`` → max, ``*min`` → min, ``time/*`` → sum, else mean."""
+    keys = sorted({k for s in steps for k in s})
+    out: dict[str, float] = {}
+    for key in keys:
+        values = [s[key] for s in steps if key in s]
+        if key.endswith("max"):
+            out[key] = max(values)
+        elif key.endswith("min"):
+            out[key] = min(values)
+        elif key.startswith("time/"):
+            out[key] = sum(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def group_minibatches(group_ids: Tensor, n: int) -> list[Tensor]:
+    """Row indices of ``n`` minibatches that keep each group whole (groups in order, split into n equal runs)."""
+    groups = torch.unique(group_ids)
+    if groups.numel() % n:
+        raise ValueError(f"{groups.numel()} groups cannot be split into {n} equal minibatches")
+    return [torch.isin(group_ids, chunk).nonzero().flatten() for chunk in groups.chunk(n)]
+
+
+class Learner:
+    """π_θ, AdamW, the method's loss and controllers; :meth:`step` runs one learner step on a batch of rollouts."""
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        method: MethodSpec,
+        controllers: Sequence[Controller],
+        lr: float,
+        optim: OptimConfig,
+        temperature: float = 1.0,
+        ref_model: nn.Module | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.model = model
+        self.method = method
+        self.controllers = list(controllers)
+        self.lr = lr
+        self.optim_cfg = optim
+        self.temperature = temperature
+        self.ref_model = ref_model
+        self.log = log
+        self.needs = set(required_inputs(method))
+        if "ref_logp" in self.needs and ref_model is None:
+            raise ValueError(f"method {method.name!r} has a reference KL term: pass ref_model")
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+        )
+        self.version = 0
+        self.prev_grad: Tensor | None = None
+
+    # ------------------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, version, previous gradient and controller states (the model's weights are saved apart)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "prev_grad": self.prev_grad,
+            "controllers": [c.state_dict() for c in self.controllers],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        self.prev_grad = state["prev_grad"]
+        for controller, cstate in zip(self.controllers, state["controllers"], strict=True):
+            controller.load_state_dict(cstate)
+
+    # -------------------------------------------------------------------------------------------------- step
+    def scheduled_lr(self) -> float:
+        """lr after linear warm-up over ``optim.warmup_steps`` optimizer steps."""
+        warmup = self.optim_cfg.warmup_steps
+        return self.lr * min(1.0, (self.version + 1) / warmup) if warmup else self.lr
+
+    def step(self, rollouts: Rollouts, rewards: Tensor) -> LearnerOutput:
+        """One learner step on ``rollouts`` (N rows) with ``rewards`` ``[N]``; returns its aggregated metrics."""
+        self.model.train()
+        n_updates = self.optim_cfg.updates_per_batch * self.optim_cfg.minibatches
+        prox = None
+        if self.method.recompute_prox or n_updates > 1:
+            with torch.no_grad():
+                prox = self._logp(self.model, rollouts)
+        ref = None
+        if "ref_logp" in self.needs and self.ref_model is not None:
+            with torch.no_grad():
+                ref = self._logp(self.ref_model, rollouts)
+        minibatches = group_minibatches(rollouts.group_ids, self.optim_cfg.minibatches)
+        per_step: list[dict[str, float]] = []
+        reasons: list[str] = []
+        applied = 0
+        for _ in range(self.optim_cfg.updates_per_batch):
+            for rows in minibatches:
+                whole = len(minibatches) == 1
+                sub = rollouts if whole else rollouts.select(rows)
+                T = sub.response_ids.shape[1]
+                extras = {
+                    "prox_logp": None if prox is None else (prox if whole else prox[rows][:, :T]),
+                    "ref_logp": None if ref is None else (ref if whole else ref[rows][:, :T]),
+                }
+                metrics, reason = self._optimizer_step(sub, rewards if whole else rewards[rows], extras)
+                per_step.append(metrics)
+                if reason is None:
+                    applied += 1
+                else:
+                    reasons.append(reason)
+        out = aggregate_metrics(per_step)
+        return LearnerOutput(out, applied, len(reasons), reasons)
+
+    def _logp(self, model: nn.Module, batch: Rollouts) -> Tensor:
+        return sequence_logprobs(model, batch, temperature=self.temperature).logp
+
+    def _grad_sq_norms(self, batch: Rollouts) -> Tensor:
+        """‖∇_θ log π_θ(y_i)‖² of each trajectory (one forward/backward per row, as VCPO's reference code)."""
+        out = torch.zeros(len(batch))
+        for i in range(len(batch)):
+            row = batch.select([i])
+            seq_logp = self._logp(self.model, row).sum()  # log π_θ(y_i) = Σ_t log π_θ(y_{i,t})
+            grads = torch.autograd.grad(seq_logp, self.params, allow_unused=True)
+            out[i] = sum(g.float().pow(2).sum() for g in grads if g is not None)
+        return out
+
+    def _batch(self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], logp: Tensor) -> dict:
+        batch: dict[str, Any] = {
+            "logp": logp,
+            "behav_logp": sub.behav_logp,
+            "mask": sub.response_mask,
+            "rewards": rewards,
+            "group_ids": sub.group_ids,
+            "versions": sub.versions,
+            "learner_version": self.version,
+        }
+        for key, value in extras.items():
+            if value is not None:
+                batch[key] = value
+        if "behav_entropy" in self.needs:
+            if sub.behav_entropy is None:
+                raise ValueError(f"method {self.method.name!r} needs behav_entropy: sample with record_entropy=True")
+            batch["behav_entropy"] = sub.behav_entropy
+        if "grad_sq_norms" in self.needs:
+            batch["grad_sq_norms"] = self._grad_sq_norms(sub)
+        return batch
+
+    def _skip(self, reason: str) -> str:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.log(f"[steadyrl train] step skipped at version {self.version}: {reason}")
+        return reason
+
+    def _optimizer_step(
+        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None]
+    ) -> tuple[dict[str, float], str | None]:
+        lr = self.scheduled_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        logp = self._logp(self.model, sub)
+        loss, loss_metrics = compute_loss(self.method, self._batch(sub, rewards, extras, logp))
+        metrics = {k: float(v) for k, v in loss_metrics.items()}
+        loss_value = float(loss.detach())
+        metrics["loss"] = loss_value
+        metrics["train/skipped"] = 0.0
+        if not math.isfinite(loss_value):
+            metrics["train/skipped"] = 1.0
+            metrics["lr"] = lr
+            return metrics, self._skip(f"loss is {loss_value}")
+        loss.backward()
+        grad = flat_grad(self.params)
+        norm = float(torch.linalg.vector_norm(grad))  # ‖g‖ before controllers and clipping
+        metrics["grad/norm"] = norm
+        if not math.isfinite(norm):
+            metrics["train/skipped"] = 1.0
+            metrics["lr"] = lr
+            return metrics, self._skip(f"gradient norm is {norm}")
+        prev = self.prev_grad if self.prev_grad is not None else torch.zeros_like(grad)
+        metrics["grad/cos_prev"] = float(grad_cosine(a=grad, b=prev))  # cos(g_t, g_{t−1}); 0 at the first step
+        self.prev_grad = grad
+        reason = None
+        try:
+            control: dict[str, Tensor] = {}
+            for controller in self.controllers:
+                control |= controller.before_step(optimizer=self.optimizer, params=self.params, metrics=loss_metrics)
+            metrics |= {k: float(v) for k, v in control.items()}
+            metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])  # effective lr of this step
+            if float(control.get(SKIP_STEP, 0.0)) != 0.0:
+                reason = "a controller asked to skip"
+                self.optimizer.zero_grad(set_to_none=True)
+            else:
+                if self.optim_cfg.grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.grad_clip)
+                if not all(torch.isfinite(p.grad).all() for p in self.params if p.grad is not None):
+                    metrics["train/skipped"] = 1.0
+                    reason = self._skip("gradient is not finite after the controllers")
+                elif not math.isfinite(metrics["lr"]):
+                    metrics["train/skipped"] = 1.0
+                    reason = self._skip(f"learning rate is {metrics['lr']}")
+                else:
+                    self.optimizer.step()
+                    self.version += 1
+        finally:
+            for controller in self.controllers:
+                controller.after_step(optimizer=self.optimizer)
+        return metrics, reason

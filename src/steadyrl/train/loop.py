@@ -1,0 +1,421 @@
+"""The driver of ``steadyrl train``: batches from a rollout source, the learner step, eval, metrics, checkpoints.
+
+For learner step t = 0 … steps − 1:
+
+1. evaluate the current weights when t is an eval step (t = 0 is the base model's accuracy);
+2. take ``prompts_per_step`` train problems (a seeded order over a fixed pool, reshuffled every epoch);
+3. ask the rollout source for ``group_size`` responses per prompt — the source decides which weights sample them
+   (``steadyrl.runtime.lag``: those of step t − k); score them with the task's verifier;
+4. run the learner step, write one line of metrics, hand the new weights to the source;
+5. checkpoint every ``checkpoint.every`` steps.
+
+After the last step: a final evaluation (the line ``step = steps``), a checkpoint, the plot and a summary. Ctrl-C
+asks the run to stop after the current step: it then checkpoints, plots and returns (a second Ctrl-C aborts at once).
+
+This module does not know which runtime produces the batches: :func:`train` takes a factory for any object with the
+:class:`RolloutSource` methods (``steadyrl.train.entry`` passes the lag runtime's).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import torch
+import yaml
+from torch import nn
+from tqdm.auto import tqdm
+
+from steadyrl.control import build_controllers
+from steadyrl.models import load_policy
+from steadyrl.rollout.rollouts import Rollouts
+from steadyrl.tasks import Problem, Task, build_task
+from steadyrl.train import checkpoint as ckpt
+from steadyrl.train.config import TrainConfig
+from steadyrl.train.evaluate import EvalResult, evaluate
+from steadyrl.train.learner import Learner
+from steadyrl.train.metrics import METRICS_FILE, TB_DIR, TIMINGS_FILE, MetricsOffsets, MetricsWriter, read_metrics
+from steadyrl.train.plot import PLOT_FILE, write_plot
+from steadyrl.train.seeding import generator
+
+CONFIG_FILE = "config.yaml"
+#: Files and directories a run writes in out_dir (what a fresh start replaces; nothing else there is touched).
+RUN_FILES = (METRICS_FILE, TIMINGS_FILE, CONFIG_FILE, PLOT_FILE, TB_DIR, ckpt.CHECKPOINT_DIR)
+#: Their presence means out_dir holds a run that a fresh start would destroy (so it needs ``overwrite=true``).
+PROTECTED_FILES = (METRICS_FILE, ckpt.CHECKPOINT_DIR)
+#: Config keys a resumed run may change (the others must match the checkpoint's, or the continuation is not exact).
+RESUMABLE_KEYS = ("steps", "resume", "overwrite", "log", "checkpoint", "eval", "runtime.threads")
+
+
+class RolloutSource(Protocol):
+    """Where the learner's batches come from (a runtime)."""
+
+    def publish(self, *, step: int, version: int, model: nn.Module) -> None:
+        """The learner's weights at the start of ``step`` (called for step 0 and after every step)."""
+        ...
+
+    def sample(self, *, step: int, prompts: list[str]) -> Rollouts:
+        """The batch of learner step ``step``: ``group_size`` responses per prompt, prompt i's in rows i·G … i·G+G−1."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to checkpoint."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        ...
+
+
+class SourceFactory(Protocol):
+    """Builds the rollout source of a run once the policy is loaded."""
+
+    def __call__(self, cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, record_entropy: bool) -> RolloutSource:
+        ...
+
+
+class RunDirError(ValueError):
+    """out_dir already holds a run and neither ``resume`` nor ``overwrite`` was asked for (or resume is impossible)."""
+
+
+class Summary(NamedTuple):
+    """What a run achieved, read back from its metrics.jsonl."""
+
+    steps: int
+    base_acc: float | None
+    final_acc: float | None
+    best_acc: float | None
+    min_ess_ratio: float | None
+    max_kl_k3: float | None
+    skipped: int
+
+    def format(self, *, cfg: TrainConfig, out_dir: Path, seconds: float | None) -> str:
+        """A few lines for the terminal."""
+
+        def f(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.3f}"
+
+        kind = "greedy" if cfg.eval.greedy else f"sampled, T={cfg.eval.temperature:g}"
+        took = f" in {seconds:.0f} s" if seconds is not None else ""
+        return "\n".join(
+            [
+                f"steadyrl train: {self.steps} steps of {cfg.method.name} at lag {cfg.lag} on {cfg.task.name}{took}",
+                f"  eval/acc ({kind}, {cfg.eval.n} problems): base {f(self.base_acc)} -> final {f(self.final_acc)}"
+                f" (best {f(self.best_acc)})",
+                f"  min is/ess_ratio {f(self.min_ess_ratio)}, max kl/k3 {f(self.max_kl_k3)}, "
+                f"skipped steps {self.skipped}",
+                f"  metrics: {out_dir / METRICS_FILE}",
+                f"  plot:    {out_dir / PLOT_FILE}",
+                f"  config:  {out_dir / CONFIG_FILE}",
+            ]
+        )
+
+
+class RunResult(NamedTuple):
+    """The outcome of :func:`train`."""
+
+    out_dir: Path
+    steps_done: int
+    interrupted: bool
+    summary: Summary
+
+
+def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
+    """Base/final/best accuracy, min ESS ratio, max k3 KL and skipped steps of a run's records."""
+
+    def values(key: str) -> list[float]:
+        return [float(r[key]) for r in records if r.get(key) is not None]
+
+    accs = [(int(r["step"]), float(r["eval/acc"])) for r in records if r.get("eval/acc") is not None]
+    ess, kl = values("is/ess_ratio"), values("kl/k3")
+    base = next((a for s, a in accs if s == 0), None)
+    return Summary(
+        steps=sum(1 for r in records if "loss" in r or "reward/mean" in r),
+        base_acc=base,
+        final_acc=accs[-1][1] if accs else None,
+        best_acc=max(a for _, a in accs) if accs else None,
+        min_ess_ratio=min(ess) if ess else None,
+        max_kl_k3=max(kl) if kl else None,
+        skipped=int(sum(values("train/skipped"))),
+    )
+
+
+class StopFlag:
+    """Set by the first Ctrl-C (the run stops after the current step); a second Ctrl-C raises KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def request(self) -> None:
+        """Ask the run to stop at the next step boundary."""
+        self.requested = True
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.request()
+        signal.signal(signal.SIGINT, self._previous)
+        tqdm.write("[steadyrl train] Ctrl-C: stopping after this step (checkpoint + plot); Ctrl-C again to abort now")
+
+    def __enter__(self) -> StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+def problem_order(step: int, *, pool: int, per_step: int, seed: int) -> list[int]:
+    """Indices into the train pool for ``step``: positions step·P … step·P+P−1 of a seeded permutation per epoch."""
+    out: list[int] = []
+    perms: dict[int, list[int]] = {}
+    for pos in range(step * per_step, (step + 1) * per_step):
+        epoch, i = divmod(pos, pool)
+        if epoch not in perms:
+            perms[epoch] = torch.randperm(pool, generator=generator(seed, "order", epoch)).tolist()
+        out.append(perms[epoch][i])
+    return out
+
+
+def _say(message: str) -> None:
+    tqdm.write(message)
+
+
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and k != "options":
+            out |= _flat(v, f"{key}.")
+        else:
+            out[key] = v
+    return out
+
+
+def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    a, b = _flat(old), _flat(new)
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return [k for k in changed if not any(k == r or k.startswith(r + ".") for r in RESUMABLE_KEYS)]
+
+
+def _prepare_out_dir(cfg: TrainConfig) -> ckpt.LoadedCheckpoint | None:
+    out = Path(cfg.out_dir)
+    existing = [name for name in RUN_FILES if (out / name).exists()]
+    protected = [name for name in PROTECTED_FILES if name in existing]
+    loaded = None
+    if cfg.resume:
+        loaded = ckpt.load_latest(out, warn=_say)
+        if loaded is None and protected:
+            _say(f"[steadyrl train] resume: no loadable checkpoint in {out}; starting from step 0")
+    elif protected and not cfg.overwrite:
+        raise RunDirError(
+            f"out_dir {str(out)!r} already holds a run ({', '.join(protected)}); pass resume=true to continue it, "
+            "overwrite=true to replace it, or choose another out_dir"
+        )
+    if loaded is None:
+        for name in existing:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    else:
+        changes = _config_changes(loaded.state["config"], cfg.model_dump(mode="json"))
+        if changes:
+            raise RunDirError(
+                f"cannot resume {str(out)!r} with a different config: {', '.join(changes)} differ from the "
+                f"checkpoint's (only {', '.join(RESUMABLE_KEYS)} may change); use another out_dir or overwrite=true"
+            )
+        if int(loaded.state["step"]) > cfg.steps:
+            raise RunDirError(f"cannot resume: the checkpoint is at step {loaded.state['step']} > steps={cfg.steps}")
+    out.mkdir(parents=True, exist_ok=True)
+    return loaded
+
+
+def _write_config(cfg: TrainConfig) -> None:
+    path = Path(cfg.out_dir) / CONFIG_FILE
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    tmp.replace(path)
+
+
+class _Run:
+    """The state of one run (built once, then stepped)."""
+
+    def __init__(self, cfg: TrainConfig, make_source: SourceFactory) -> None:
+        self.cfg = cfg
+        self.task: Task = build_task(cfg.task)
+        policy = load_policy(cfg.model, self.task, seed=cfg.seed, progress=cfg.log.progress)
+        self.model, self.tokenizer = policy.model, policy.tokenizer
+        self.method = cfg.method.resolve()
+        needs_ref = self.method.kl.type != "none"
+        ref = copy.deepcopy(self.model).eval().requires_grad_(False) if needs_ref else None
+        self.learner = Learner(
+            model=self.model,
+            method=self.method,
+            controllers=build_controllers(self.method),
+            lr=cfg.lr,
+            optim=cfg.optim,
+            temperature=cfg.sampling.temperature,
+            ref_model=ref,
+            log=_say,
+        )
+        record_entropy = any(c.type == "estr" for c in self.method.corrections)
+        self.source = make_source(cfg, model=self.model, tokenizer=self.tokenizer, record_entropy=record_entropy)
+        self.pool: list[Problem] = self.task.problems("train", cfg.data.train_pool, seed=cfg.seed)
+        self.eval_set: list[Problem] = self.task.problems("eval", cfg.eval.n, seed=cfg.seed)
+
+    def state(self, *, step: int, offsets: MetricsOffsets) -> dict[str, Any]:
+        return {
+            "step": step,
+            "model": self.model.state_dict(),
+            "learner": self.learner.state_dict(),
+            "source": self.source.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "metrics": offsets._asdict(),
+            "config": self.cfg.model_dump(mode="json"),
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.learner.load_state_dict(state["learner"])
+        self.source.load_state_dict(state["source"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(_as_tuple(state["rng"]["python"]))
+
+    def evaluate(self) -> tuple[EvalResult, float]:
+        t0 = time.perf_counter()
+        res = evaluate(
+            model=self.model,
+            tokenizer=self.tokenizer,
+            task=self.task,
+            problems=self.eval_set,
+            cfg=self.cfg.eval,
+            max_new_tokens=self.cfg.sampling.max_new_tokens,
+            generator=generator(self.cfg.seed, "eval"),
+            version=self.learner.version,
+        )
+        return res, time.perf_counter() - t0
+
+    def eval_record(self) -> dict[str, float]:
+        res, seconds = self.evaluate()
+        return {"eval/acc": res.acc, "eval/len_mean": res.len_mean, "time/eval_s": seconds}
+
+    def is_eval_step(self, step: int) -> bool:
+        every = self.cfg.eval.every
+        return step == 0 or (every > 0 and step % every == 0)
+
+    def step(self, t: int) -> dict[str, Any]:
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        record: dict[str, Any] = {"step": t, "version": self.learner.version}
+        if self.is_eval_step(t):
+            record |= self.eval_record()
+        idx = problem_order(t, pool=len(self.pool), per_step=cfg.prompts_per_step, seed=cfg.seed)
+        problems = [self.pool[i] for i in idx]
+        t0 = time.perf_counter()
+        rollouts = self.source.sample(step=t, prompts=[p.prompt for p in problems])
+        t1 = time.perf_counter()
+        groups = rollouts.group_ids.tolist()
+        rewards = torch.tensor(
+            [self.task.score(problems[g], text) for g, text in zip(groups, rollouts.texts, strict=True)],
+            dtype=torch.float32,
+        )
+        t2 = time.perf_counter()
+        out = self.learner.step(rollouts, rewards)
+        t3 = time.perf_counter()
+        lengths = rollouts.response_mask.sum(dim=-1).float()
+        record |= out.metrics
+        record |= {
+            "sample/version": int(rollouts.versions.max()),
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std(unbiased=False)),
+            "response/len_mean": float(lengths.mean()),
+            "response/truncated": float(rollouts.truncated.float().mean()),
+            "time/sample_s": t1 - t0,
+            "time/score_s": t2 - t1,
+            "time/learn_s": t3 - t2,
+        }
+        self.source.publish(step=t + 1, version=self.learner.version, model=self.model)
+        record["time/step_s"] = time.perf_counter() - t_start
+        return record
+
+
+def _as_tuple(x: Any) -> Any:
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def _postfix(record: Mapping[str, Any], last_acc: float | None) -> dict[str, str]:
+    out = {"reward": f"{record.get('reward/mean', float('nan')):.3f}"}
+    if record.get("is/ess_ratio") is not None:
+        out["ess"] = f"{record['is/ess_ratio']:.2f}"
+    if last_acc is not None:
+        out["acc"] = f"{last_acc:.3f}"
+    return out
+
+
+def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None = None) -> RunResult:
+    """Run (or resume) the training job ``cfg`` describes; see the module docstring for the order of events."""
+    if cfg.runtime.threads > 0:
+        torch.set_num_threads(cfg.runtime.threads)
+    wall0 = time.perf_counter()
+    out_dir = Path(cfg.out_dir)
+    loaded = _prepare_out_dir(cfg)
+    run = _Run(cfg, make_source)
+    _write_config(cfg)
+    start, offsets = 0, None
+    if loaded is not None:
+        run.restore(loaded.state)
+        start = int(loaded.state["step"])
+        offsets = MetricsOffsets(**loaded.state["metrics"])
+        _say(f"[steadyrl train] resumed from {loaded.path} (step {start})")
+    else:
+        run.source.publish(step=0, version=0, model=run.model)
+    writer = MetricsWriter(
+        out_dir,
+        separate_timings=cfg.log.timings == "separate",
+        tensorboard=cfg.log.tensorboard,
+        start=offsets,
+        start_step=start,
+    )
+    stop = stop or StopFlag()
+    interrupted = False
+    t = start
+    try:
+        with stop, tqdm(total=cfg.steps, initial=start, disable=not cfg.log.progress, desc="train", unit="step",
+                        dynamic_ncols=True) as bar:
+            last_acc = None
+            while t < cfg.steps:
+                if stop.requested:
+                    interrupted = True
+                    break
+                record = run.step(t)
+                writer.write(record)
+                last_acc = record.get("eval/acc", last_acc)
+                bar.set_postfix(_postfix(record, last_acc), refresh=False)
+                bar.update(1)
+                t += 1
+                if cfg.checkpoint.every and t % cfg.checkpoint.every == 0 and t < cfg.steps:
+                    writer.sync()
+                    ckpt.save_checkpoint(out_dir, run.state(step=t, offsets=writer.offsets()), keep=cfg.checkpoint.keep)
+        writer.sync()
+        ckpt.save_checkpoint(out_dir, run.state(step=t, offsets=writer.offsets()), keep=cfg.checkpoint.keep)
+        if interrupted:
+            _say(f"[steadyrl train] stopped at step {t}; continue with: steadyrl train ... resume=true")
+        else:
+            writer.write({"step": t, "version": run.learner.version, **run.eval_record()})
+    finally:
+        writer.close()
+    records = read_metrics(out_dir / METRICS_FILE)
+    if cfg.log.plot:
+        title = f"{cfg.task.name} · {cfg.method.name} · lag {cfg.lag} · seed {cfg.seed}"
+        write_plot(records, out_dir / PLOT_FILE, title=title)
+    summary = summarize(records)
+    print(summary.format(cfg=cfg, out_dir=out_dir, seconds=time.perf_counter() - wall0))
+    return RunResult(out_dir=out_dir, steps_done=t, interrupted=interrupted, summary=summary)

@@ -1,0 +1,157 @@
+"""``metrics.jsonl``: one JSON object per learner step, written so that two identical runs give identical bytes.
+
+Each line has sorted keys; floats are rounded to ``FLOAT_DIGITS`` significant digits and written by ``repr``; a
+non-finite value (the loss of a skipped step) is written as ``null``. Line t (t = 0 … steps − 1) holds learner step t;
+a last line at ``step = steps`` holds the final evaluation only. Wall-clock keys (``time/*``) differ from run to run:
+``log.timings=separate`` moves them to ``timings.jsonl`` (same layout, ``step`` plus ``time/*``), leaving
+``metrics.jsonl`` byte-reproducible.
+
+The writer flushes every line and reports its byte offsets, which a checkpoint records so that a resumed run first
+truncates the files to the checkpointed step. TensorBoard events (``log.tensorboard``) go to ``<out_dir>/tb``.
+
+Metric keys (namespaced by layer; the loss-level ones come from ``compute_loss``):
+
+===================  ==========================================================================================
+``step``, version    learner step; optimizer steps applied to the weights that computed this step's gradient
+``sample/version``   version of the weights that sampled the batch; ``lag/*`` = version − sample version per token
+``reward/mean``      mean reward of the batch (``reward/std`` its std)
+``response/len_mean``  mean response length in tokens (EOS included); ``response/truncated`` fraction cut off
+``loss``             the scalar loss (mean over optimizer steps)
+``lr``               effective learning rate (after warm-up and controllers)
+``grad/norm``        ‖g‖ of the raw gradient, before controllers and clipping
+``grad/cos_prev``    cos(g_t, g_{t−1}) of consecutive raw gradients (0 at the first step)
+``train/skipped``    1 when a step was skipped for a non-finite loss, gradient or lr
+``is/*``, ``kl/*``   importance-weight diagnostics (``is/ess_ratio``, ``is/weight_max``) and mismatch KL (``kl/k3``)
+``eval/acc``         held-out accuracy of the weights at the start of the step (eval steps and the final line)
+``time/*``           ``step_s`` (the whole step), ``sample_s``, ``learn_s``, ``eval_s``
+===================  ==========================================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+#: Significant digits kept for every float in metrics.jsonl.
+FLOAT_DIGITS = 8
+METRICS_FILE = "metrics.jsonl"
+TIMINGS_FILE = "timings.jsonl"
+TB_DIR = "tb"
+#: Prefix of the wall-clock keys.
+TIME_PREFIX = "time/"
+
+
+class MetricsOffsets(NamedTuple):
+    """Where the metric files end after a given step: lines and bytes of metrics.jsonl, bytes of timings.jsonl."""
+
+    lines: int
+    bytes: int
+    timing_bytes: int
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    x = float(value)
+    if not math.isfinite(x):
+        return None
+    return float(f"{x:.{FLOAT_DIGITS}g}")
+
+
+def format_record(record: Mapping[str, Any]) -> str:
+    """One JSON line with sorted keys and rounded floats (``null`` for NaN/inf)."""
+    return json.dumps({k: _plain(v) for k, v in record.items()}, sort_keys=True, separators=(", ", ": "))
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file (an incomplete last line, from a killed process, is ignored)."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+class MetricsWriter:
+    """Appends records to metrics.jsonl (and timings.jsonl / TensorBoard), optionally first truncating to offsets."""
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        separate_timings: bool,
+        tensorboard: bool,
+        start: MetricsOffsets | None = None,
+        start_step: int = 0,
+    ) -> None:
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.separate_timings = separate_timings
+        self.path = self.dir / METRICS_FILE
+        self.timing_path = self.dir / TIMINGS_FILE
+        offsets = start or MetricsOffsets(0, 0, 0)
+        self._lines = offsets.lines
+        self._file = self._open(self.path, offsets.bytes)
+        self._timing_file = self._open(self.timing_path, offsets.timing_bytes) if separate_timings else None
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step drops events a previous, interrupted run wrote past the resume point
+            self._tb = SummaryWriter(str(self.dir / TB_DIR), purge_step=start_step if start else None)
+
+    @staticmethod
+    def _open(path: Path, size: int) -> Any:
+        handle = open(path, "a+b")  # noqa: SIM115 - closed in close()
+        handle.truncate(size)
+        handle.seek(size)
+        return handle
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Append one record (it must hold ``step``)."""
+        main = dict(record)
+        if self._timing_file is not None:
+            timings = {k: main.pop(k) for k in list(main) if k.startswith(TIME_PREFIX)}
+            self._timing_file.write((format_record({"step": record["step"], **timings}) + "\n").encode())
+            self._timing_file.flush()
+        self._file.write((format_record(main) + "\n").encode())
+        self._file.flush()
+        self._lines += 1
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(float(value)):
+                    self._tb.add_scalar(key, float(value), global_step=int(record["step"]))
+
+    def offsets(self) -> MetricsOffsets:
+        """Current end of the files (to store in a checkpoint)."""
+        timing = self._timing_file.tell() if self._timing_file is not None else 0
+        return MetricsOffsets(self._lines, self._file.tell(), timing)
+
+    def sync(self) -> None:
+        """Flush to disk (before a checkpoint records the offsets)."""
+        for handle in (self._file, self._timing_file):
+            if handle is not None:
+                handle.flush()
+                os.fsync(handle.fileno())
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        """Flush and close every output."""
+        self.sync()
+        self._file.close()
+        if self._timing_file is not None:
+            self._timing_file.close()
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,105 @@
+"""TrainConfig: shipped configs load, defaults equal configs/default.yaml, errors name the key, --help is complete."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from steadyrl.train.config import TrainConfig
+from steadyrl.train.configio import ConfigError, _all_keys, format_help, load_config
+from steadyrl.train.entry import main
+
+CONFIGS = sorted(p for p in resources.files("steadyrl.configs").iterdir() if p.name.endswith(".yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: Path) -> None:
+    cfg = load_config(TrainConfig, path=str(path))
+    assert cfg.method.resolve().name == cfg.method.name
+
+
+def test_default_yaml_is_the_built_in_default() -> None:
+    path = resources.files("steadyrl.configs") / "default.yaml"
+    assert load_config(TrainConfig, path=str(path)) == TrainConfig()
+
+
+def test_issue_keys_are_top_level_and_overrides_reach_sections() -> None:
+    cfg = load_config(
+        TrainConfig,
+        overrides=[
+            "task=chain_sum", "model.warm_start.target_accuracy=0.2", "method=seq_tis+gac", "method.seq_tis.cap=4",
+            "lag=32", "steps=5", "seed=3", "out_dir=runs/x", "group_size=4", "prompts_per_step=8", "lr=1e-4",
+            "optim.weight_decay=0.1", "eval.every=10",
+        ],
+    )
+    assert (cfg.lag, cfg.steps, cfg.seed, str(cfg.out_dir), cfg.group_size, cfg.prompts_per_step) == (
+        32, 5, 3, "runs/x", 4, 8
+    )
+    assert cfg.lr == 1e-4 and cfg.optim.weight_decay == 0.1 and cfg.eval.every == 10
+    assert cfg.model.warm_start.target_accuracy == 0.2
+    spec = cfg.method.resolve()
+    assert spec.corrections[0].cap == 4 and [c.type for c in spec.controllers] == ["gac"]
+    assert cfg.batch_size == 32
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pattern"),
+    [
+        (["lagg=3"], r"unknown key 'lagg'; did you mean 'lag'\?\n.*valid keys at the top level: .*prompts_per_step"),
+        (["optim.lr=0.1"], r"unknown key 'optim.lr'; did you mean 'lr'"),
+        (["lag=-1"], r"invalid value for 'lag': .*greater than or equal to 0 \(got -1\)"),
+        (["runtime.schedule=async"], r"'runtime.schedule': Input should be 'pipeline' or 'periodic' \(got 'async'\)"),
+        (["task=sudoku"], r"'task'.*expected tags: 'chain_sum', 'basic_arithmetic', 'countdown'"),
+        (["task.max_term=4"], r"unknown key 'task.max_term'; did you mean 'task.max_terms'"),
+        (["method=seq_tiss"], r"unknown method 'seq_tiss' \(did you mean 'seq_tis'\?\)"),
+        (["method.seq_tis.capp=2"], r"method.*seq_tis.capp|capp"),
+        (["optim.minibatches=3"], r"optim.minibatches \(3\) must divide prompts_per_step \(16\)"),
+        (["runtime.schedule=periodic"], r"lag \(16\) applies to runtime.schedule=pipeline"),
+        (["eval.n=600"], r"eval.n \(600\) exceeds the task's held-out set task.eval_size \(512\)"),
+        (["lr=fast"], r"invalid value for 'lr': Input should be a valid number.*\(got 'fast'\)"),
+    ],
+)
+def test_config_errors_name_the_key(overrides: list[str], pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(TrainConfig, overrides=overrides)
+
+
+def test_a_method_needing_inputs_the_learner_cannot_make_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"method 'copc' needs batch inputs \['values'\]"):
+        load_config(TrainConfig, overrides=["method=copc"])
+
+
+def test_bad_yaml_file_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "run.yaml"
+    bad.write_text("lag: 4\nsteps: [\n")
+    with pytest.raises(ConfigError, match=r"run\.yaml', line 3, column 1: not valid YAML"):
+        load_config(TrainConfig, path=bad)
+
+
+def test_cli_exits_2_with_the_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lagg=3"]) == 2
+    assert "unknown key 'lagg'" in capsys.readouterr().err
+    assert main([str(tmp_path / "none.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["grpo_lag00"]) == 2
+    assert "neither a file nor a shipped config (default, grpo_lag0" in capsys.readouterr().err
+    assert main(["--frobnicate"]) == 2
+    assert main(["lag=4", f"out_dir={tmp_path}", "--print-config"]) == 0
+    assert "lag: 4" in capsys.readouterr().out
+
+
+def test_a_shipped_config_is_found_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["seq_tis_lag32", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "lag: 32" in printed and "out_dir: runs/seq_tis-lag32" in printed
+
+
+def test_help_documents_every_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for key in _all_keys(TrainConfig):
+        assert f" {key} " in text or f" {key}\n" in text or f"{key}  [" in text, key
+    assert text.count("\n") > 60
+    assert format_help(TrainConfig) in text

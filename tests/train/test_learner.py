@@ -1,0 +1,124 @@
+"""The learner step on a tiny random model: updates, non-finite skips, several updates per batch, per-row grad norms."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from steadyrl.control import build_controllers
+from steadyrl.methods import resolve_method
+from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
+from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.rollouts import Rollouts
+from steadyrl.rollout.sampler import generate
+from steadyrl.train.config import OptimConfig
+from steadyrl.train.learner import Learner, aggregate_metrics, group_minibatches
+
+ARCH = TinyArchConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+PROMPTS = ["1+2=", "13+4-5=", "7-3=", "22+9="]
+G = 4
+
+
+@pytest.fixture
+def model() -> torch.nn.Module:
+    return build_tiny_model(ARCH, tokenizer=build_char_tokenizer(), seed=0)
+
+
+@pytest.fixture
+def batch(model: torch.nn.Module) -> tuple[Rollouts, torch.Tensor]:
+    tok = build_char_tokenizer()
+    rollouts = generate(
+        model, tok, PROMPTS, group_size=G, max_new_tokens=5, generator=torch.Generator().manual_seed(0), version=0
+    )
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0] * len(PROMPTS))
+    return rollouts, rewards
+
+
+def _learner(model: torch.nn.Module, method: str = "seq_tis", messages: list[str] | None = None, **optim) -> Learner:
+    spec = resolve_method(method)
+    return Learner(
+        model=model, method=spec, controllers=build_controllers(spec), lr=1e-2, optim=OptimConfig(**optim),
+        log=(messages if messages is not None else []).append,
+    )
+
+
+def _weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_step_moves_the_weights_and_logs_gradient_metrics(model, batch) -> None:
+    learner = _learner(model)
+    before = _weights(model)
+    first = learner.step(*batch)
+    assert (first.applied, first.skipped, learner.version) == (1, 0, 1)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert first.metrics["grad/cos_prev"] == 0.0 and first.metrics["grad/norm"] > 0
+    assert first.metrics["lr"] == pytest.approx(1e-2) and first.metrics["train/skipped"] == 0.0
+    second = learner.step(*batch)
+    assert -1.0 <= second.metrics["grad/cos_prev"] <= 1.0 and second.metrics["grad/cos_prev"] != 0.0
+
+
+def test_a_nan_loss_is_skipped_and_the_weights_are_unchanged(model, batch) -> None:
+    rollouts, rewards = batch
+    behav = rollouts.behav_logp.clone()
+    behav[0, 0] = float("nan")  # a masked-in token: the sequence weight and so the loss are NaN
+    poisoned = dataclasses.replace(rollouts, behav_logp=behav)
+    messages: list[str] = []
+    learner = _learner(model, messages=messages)
+    before = _weights(model)
+    out = learner.step(poisoned, rewards)
+    assert (out.applied, out.skipped, learner.version) == (0, 1, 0)
+    assert out.metrics["train/skipped"] == 1.0 and out.reasons == ["loss is nan"]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not learner.optimizer.state and all(p.grad is None for p in model.parameters())
+    assert len(messages) == 1 and "loss is nan" in messages[0]
+    assert learner.step(rollouts, rewards).applied == 1  # the next finite batch trains normally
+
+
+def test_a_nan_gradient_is_skipped(model, batch) -> None:
+    learner = _learner(model, method="grpo")
+    param = next(model.parameters())
+    handle = param.register_hook(lambda g: g * float("nan"))
+    before = _weights(model)
+    out = learner.step(*batch)
+    handle.remove()
+    assert out.skipped == 1 and out.reasons == ["gradient norm is nan"]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_several_updates_per_batch_recompute_prox_and_aggregate(model, batch) -> None:
+    learner = _learner(model, method="ppo", updates_per_batch=2, minibatches=2)
+    out = learner.step(*batch)
+    assert (out.applied, learner.version) == (4, 4)
+    # the first update of the first minibatch sees π_θ = π_prox: its PPO ratio is exactly 1; later ones are not
+    assert out.metrics["loss/ratio_max"] > 1.0
+
+
+def test_minibatches_keep_groups_whole() -> None:
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    parts = group_minibatches(groups, 2)
+    assert [p.tolist() for p in parts] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.raises(ValueError, match="cannot be split"):
+        group_minibatches(groups, 3)
+
+
+def test_metrics_aggregate_by_kind() -> None:
+    steps = [{"a": 1.0, "is/weight_max": 2.0, "x/min": 1.0, "time/learn_s": 1.0}, {"a": 3.0, "is/weight_max": 5.0,
+             "x/min": 0.5, "time/learn_s": 2.0}]
+    assert aggregate_metrics(steps) == {"a": 2.0, "is/weight_max": 5.0, "x/min": 0.5, "time/learn_s": 3.0}
+
+
+def test_per_trajectory_gradient_norms_match_a_batched_computation(model, batch) -> None:
+    rollouts, rewards = batch
+    learner = _learner(model, method="vcpo")
+    got = learner._grad_sq_norms(rollouts)
+    logp = sequence_logprobs(model, rollouts).logp.sum(dim=-1)  # one batched forward, rows differ in padding
+    params = [p for p in model.parameters() if p.requires_grad]
+    for i in range(len(rollouts)):
+        grads = torch.autograd.grad(logp[i], params, retain_graph=True)
+        want = sum(g.pow(2).sum() for g in grads)
+        assert got[i] == pytest.approx(float(want), rel=1e-4)
+    out = learner.step(rollouts, rewards)
+    assert out.applied == 1 and 0.0 < out.metrics["vcpo/ess_scale"] <= 1.0
