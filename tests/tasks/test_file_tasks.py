@@ -234,3 +234,27 @@ def test_scoring_works_off_the_main_thread(gsm8k: Gsm8kTask) -> None:
     with ThreadPoolExecutor(max_workers=1) as pool:
         assert pool.submit(gsm8k.score, problem, "#### 72").result() == 1.0
         assert pool.submit(gsm8k.score, problem, "71").result() == 0.0
+
+
+def test_real_parquet_matches_jsonl(tmp_path: Path) -> None:
+    """Parquet (pinned pyarrow) gives the same problems as the same rows in JSONL; a bad row names its row."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.Table.from_pylist(GSM8K_TRAIN), tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(GSM8K_EVAL), tmp_path / "eval.parquet")
+    from_parquet = build_task(Gsm8kConfig(train_path=tmp_path / "train.parquet", eval_path=tmp_path / "eval.parquet"))
+    from_jsonl = build_task(
+        Gsm8kConfig(
+            train_path=_jsonl(tmp_path / "train.jsonl", GSM8K_TRAIN),
+            eval_path=_jsonl(tmp_path / "eval.jsonl", GSM8K_EVAL),
+        )
+    )
+    for split, n in (("train", 3), ("eval", 2)):
+        a = from_parquet.problems(split, n, seed=0)
+        b = from_jsonl.problems(split, n, seed=0)
+        assert [(p.prompt, p.answer) for p in a] == [(p.prompt, p.answer) for p in b]
+    bad = [*GSM8K_TRAIN[:2], {"question": "No answer marker", "answer": "just text"}]
+    pq.write_table(pa.Table.from_pylist(bad), tmp_path / "bad.parquet")
+    task = build_task(Gsm8kConfig(train_path=tmp_path / "bad.parquet"))
+    with pytest.raises(DatasetError, match=r"bad\.parquet, row 3"):
+        task.problems("train", 2, seed=0)
