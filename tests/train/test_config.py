@@ -6,6 +6,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+import yaml
 
 from steadyrl.train.config import TrainConfig
 from steadyrl.train.configio import ConfigError, _all_keys, format_help, load_config
@@ -55,7 +56,7 @@ def test_issue_keys_are_top_level_and_overrides_reach_sections() -> None:
         (["task.max_term=4"], r"unknown key 'task.max_term'; did you mean 'task.max_terms'"),
         (["method=seq_tiss"], r"unknown method 'seq_tiss' \(did you mean 'seq_tis'\?\)"),
         (["method.seq_tis.capp=2"], r"method.*seq_tis.capp|capp"),
-        (["optim.minibatches=3"], r"optim.minibatches \(3\) must divide prompts_per_step \(16\)"),
+        (["optim.minibatches=3"], r"optim.minibatches \(3\) must divide prompts_per_step \(64\)"),
         (["runtime.schedule=periodic"], r"lag \(16\) applies to runtime.schedule=pipeline"),
         (["eval.n=600"], r"eval.n \(600\) exceeds the task's held-out set task.eval_size \(512\)"),
         (["lr=fast"], r"invalid value for 'lr': Input should be a valid number.*\(got 'fast'\)"),
@@ -88,6 +89,15 @@ def test_cli_exits_2_with_the_message(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["--frobnicate"]) == 2
     assert main(["lag=4", f"out_dir={tmp_path}", "--print-config"]) == 0
     assert "lag: 4" in capsys.readouterr().out
+
+
+def test_without_a_config_file_overrides_edit_the_main_job(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["task.max_terms=3", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["task"] | {"max_terms": 2} == TrainConfig().model_dump(mode="json")["task"]
+    assert printed["task"]["max_terms"] == 3 and printed["task"]["min_digits"] == 2
+    assert main(["task=countdown", "--print-config"]) == 0  # a new task name starts the section afresh
+    assert yaml.safe_load(capsys.readouterr().out)["task"]["name"] == "countdown"
 
 
 def test_a_shipped_config_is_found_by_name(capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,11 +56,14 @@ def test_file_then_overrides_in_order(tmp_path: Path) -> None:
     assert isinstance(cfg.task, Counter) and cfg.task.target == 7
 
 
-def test_bare_value_on_a_named_section_sets_its_name_and_keeps_the_rest() -> None:
-    cfg = load_config(Root, overrides=["task.terms=3", "task=adder"])
-    assert cfg.task == Adder(terms=3)
-    with pytest.raises(ConfigError, match=r"unknown key 'task.terms'"):
-        load_config(Root, overrides=["task.terms=3", "task=counter"])
+def test_bare_value_on_a_named_section_sets_its_name_and_a_new_name_starts_afresh(tmp_path: Path) -> None:
+    assert load_config(Root, overrides=["task.terms=3", "task=adder"]).task == Adder(terms=3)
+    assert load_config(Root, overrides=["task.terms=3", "task.name=adder"]).task == Adder(terms=3)
+    assert load_config(Root, overrides=["task.terms=3", "task=counter"]).task == Counter()
+    f = tmp_path / "c.yaml"
+    f.write_text("task:\n  name: adder\n  terms: 5\n")
+    assert load_config(Root, path=f, overrides=["task.name=counter", "task.target=4"]).task == Counter(target=4)
+    assert load_config(Root, path=f, overrides=["task=adder"]).task == Adder(terms=5)
 
 
 def test_unknown_key_lists_valid_keys_and_suggests() -> None:

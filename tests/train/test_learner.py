@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from steadyrl.control import build_controllers
-from steadyrl.methods import resolve_method
+from steadyrl.methods import compute_loss, resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
+from steadyrl.train import learner as learner_module
 from steadyrl.train.config import OptimConfig
 from steadyrl.train.learner import Learner, aggregate_metrics, group_minibatches
 
@@ -110,15 +111,23 @@ def test_metrics_aggregate_by_kind() -> None:
     assert aggregate_metrics(steps) == {"a": 2.0, "is/weight_max": 5.0, "x/min": 0.5, "time/learn_s": 3.0}
 
 
-def test_per_trajectory_gradient_norms_match_a_batched_computation(model, batch) -> None:
+def test_vcpo_gets_per_trajectory_gradient_norms_at_the_current_weights(model, batch, monkeypatch) -> None:
     rollouts, rewards = batch
+    seen: dict[str, torch.Tensor] = {}
+
+    def spy(method, batch):
+        seen["grad_sq_norms"] = batch["grad_sq_norms"]
+        return compute_loss(method, batch)
+
+    monkeypatch.setattr(learner_module, "compute_loss", spy)
     learner = _learner(model, method="vcpo")
-    got = learner._grad_sq_norms(rollouts)
-    logp = sequence_logprobs(model, rollouts).logp.sum(dim=-1)  # one batched forward, rows differ in padding
-    params = [p for p in model.parameters() if p.requires_grad]
-    for i in range(len(rollouts)):
-        grads = torch.autograd.grad(logp[i], params, retain_graph=True)
-        want = sum(g.pow(2).sum() for g in grads)
-        assert got[i] == pytest.approx(float(want), rel=1e-4)
+    want = torch.stack(  # ‖∇ Σ_t log π_θ(y_i,t)‖², one backward per trajectory
+        [
+            sum(g.pow(2).sum() for g in torch.autograd.grad(sequence_logprobs(model, rollouts.select([i])).logp.sum(),
+                                                            list(model.parameters())))
+            for i in range(len(rollouts))
+        ]
+    )
     out = learner.step(rollouts, rewards)
+    torch.testing.assert_close(seen["grad_sq_norms"], want.detach(), rtol=1e-4, atol=1e-8)
     assert out.applied == 1 and 0.0 < out.metrics["vcpo/ess_scale"] <= 1.0

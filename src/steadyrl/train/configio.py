@@ -230,17 +230,32 @@ def _normalize_names(model: type[BaseModel], data: dict[str, Any]) -> None:
                 _normalize_names(variants[0], value)
 
 
+def _set_name(section: Any, info: FieldInfo, name: Any) -> dict[str, Any]:
+    """The section with ``name`` set: its other keys are kept if the name stays, dropped if it changes."""
+    keys = section if isinstance(section, dict) else {}
+    current = keys.get(NAME_FIELD, _default_name(info))
+    return {**keys, NAME_FIELD: name} if current == name else {NAME_FIELD: name}
+
+
 def apply_override(model: type[BaseModel], data: dict[str, Any], parts: list[str], value: Any) -> None:
-    """Set ``data[parts[0]][parts[1]]... = value`` (in place); a bare value on a named section sets its name."""
+    """Set ``data[parts[0]][parts[1]]... = value`` (in place).
+
+    On a named section (``task``, ``model``, ``method``), a bare value sets its name, and so does ``<section>.name``;
+    changing the name starts the section afresh (its other keys belonged to the previous choice).
+    """
     node = data
     cls: type[BaseModel] | None = model
+    parent_info: FieldInfo | None = None
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         info = cls.model_fields.get(part) if cls is not None else None
         if last:
             if info is not None and _has_name(info) and not isinstance(value, dict):
-                section = node.get(part)
-                node[part] = {**(section if isinstance(section, dict) else {}), NAME_FIELD: value}
+                node[part] = _set_name(node.get(part), info, value)
+            elif part == NAME_FIELD and parent_info is not None and _has_name(parent_info) and i > 0:
+                fresh = _set_name(node, parent_info, value)
+                node.clear()
+                node.update(fresh)
             else:
                 node[part] = value
             return
@@ -254,6 +269,7 @@ def apply_override(model: type[BaseModel], data: dict[str, Any], parts: list[str
             child = {NAME_FIELD: child}
         node[part] = child
         node = child
+        parent_info = info
         variants = _variants(info.annotation) if info is not None else []
         cls = variants[0] if len(variants) == 1 else None
 

@@ -19,11 +19,12 @@ from steadyrl.train.configio import ConfigError, format_help, load_config
 
 USAGE = """usage: steadyrl train [CONFIG] [key=value ...] [--print-config]
 
-RL-train a causal LM on a verifiable task with an exact policy lag. Without CONFIG the defaults below are used
-(they are the README's main job: chain_sum, the embedded tiny model, a stabilized method at lag 16). CONFIG is a
-YAML file or the name of a shipped config: {shipped}.
-key=value overrides are applied in order; values are YAML
-(lag=32, optim.betas=[0.9,0.99], method=seq_tis+gac, method.seq_tis.cap=4, task=countdown).
+RL-train a causal LM on a verifiable task with an exact policy lag. CONFIG is a YAML file or the name of a shipped
+config ({shipped}); without it, `default` is used: the README's main job (chain_sum with two 2-digit terms, the
+embedded tiny model warm-started and cached, sequence TIS + ESS-scaled step size at lag 16), whose values are
+the defaults listed below. key=value overrides are applied in order; values are YAML (lag=32, lr=1e-4,
+optim.betas=[0.9,0.99], method=seq_tis+gac, method.seq_tis.cap=4, task.max_terms=3). Setting a section's name to
+a new value (task=countdown, method=grpo) starts that section afresh.
 
 Outputs in out_dir: metrics.jsonl (one line per step), config.yaml (resolved), plot.png, checkpoints/.
 Ctrl-C stops after the current step with a checkpoint; resume=true continues from the latest checkpoint.
@@ -34,6 +35,8 @@ Ctrl-C stops after the current step with a checkpoint; resume=true continues fro
 keys (type (bounds) = default, then the description):
 """
 
+#: The shipped config used when none is given (the README's main job; equal to TrainConfig's defaults).
+DEFAULT_CONFIG = "default"
 #: Exit status for a configuration or output-directory error.
 EXIT_USAGE = 2
 #: Exit status of a run stopped by Ctrl-C (the shell's convention for SIGINT).
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         path, overrides, print_config = _parse(argv)
-        cfg = load_config(TrainConfig, path=path, overrides=overrides)
+        cfg = load_config(TrainConfig, path=path or shipped_configs()[DEFAULT_CONFIG], overrides=overrides)
     except ConfigError as err:
         print(f"steadyrl train: {err}", file=sys.stderr)
         return EXIT_USAGE

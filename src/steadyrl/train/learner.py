@@ -38,6 +38,7 @@ from steadyrl.methods.spec import MethodSpec
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.train.config import OptimConfig
+from steadyrl.train.grad_norms import per_trajectory_grad_sq_norms
 
 
 class LearnerOutput(NamedTuple):
@@ -173,16 +174,6 @@ class Learner:
     def _logp(self, model: nn.Module, batch: Rollouts) -> Tensor:
         return sequence_logprobs(model, batch, temperature=self.temperature).logp
 
-    def _grad_sq_norms(self, batch: Rollouts) -> Tensor:
-        """‖∇_θ log π_θ(y_i)‖² of each trajectory (one forward/backward per row, as VCPO's reference code)."""
-        out = torch.zeros(len(batch))
-        for i in range(len(batch)):
-            row = batch.select([i])
-            seq_logp = self._logp(self.model, row).sum()  # log π_θ(y_i) = Σ_t log π_θ(y_{i,t})
-            grads = torch.autograd.grad(seq_logp, self.params, allow_unused=True)
-            out[i] = sum(g.float().pow(2).sum() for g in grads if g is not None)
-        return out
-
     def _batch(self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], logp: Tensor) -> dict:
         batch: dict[str, Any] = {
             "logp": logp,
@@ -200,8 +191,8 @@ class Learner:
             if sub.behav_entropy is None:
                 raise ValueError(f"method {self.method.name!r} needs behav_entropy: sample with record_entropy=True")
             batch["behav_entropy"] = sub.behav_entropy
-        if "grad_sq_norms" in self.needs:
-            batch["grad_sq_norms"] = self._grad_sq_norms(sub)
+        if "grad_sq_norms" in self.needs:  # OPOB: ‖∇_θ log π_θ(y_i)‖² per trajectory, one batched pass
+            batch["grad_sq_norms"] = per_trajectory_grad_sq_norms(self.model, sub, temperature=self.temperature)
         return batch
 
     def _skip(self, reason: str) -> str:
