@@ -1,12 +1,14 @@
 """Learner step time of ``steadyrl train`` for the default model, per method, next to the sampling time of a step.
 
-The batch is the main job's: 16 prompts × G = 8 chain_sum responses, sampled by the default architecture (hidden
-128, 4 layers, ~1M parameters) with ``max_new_tokens`` tokens (4 ≈ a chain_sum answer + EOS). The weights are a
-seeded random initialization, so no warm start is needed; the step time depends on the shapes, not the weights.
-One learner step = forward with gradient, ``compute_loss``, backward, controllers, clipping, AdamW
-(:class:`steadyrl.train.learner.Learner`). Times are medians over ``--repeats`` steps after ``--warmup`` steps.
+The batch is the main job's (``TrainConfig`` defaults): 64 prompts × G = 8 responses to the main job's chain_sum
+prompts, sampled by the default architecture (hidden 128, 4 layers, ~1M parameters) with ``max_new_tokens`` tokens
+(4 ≈ a chain_sum answer + EOS), with the main job's thread count (2). The weights are a seeded random
+initialization, so no warm start is needed; the step time depends on the shapes, not the weights. One learner step
+= forward with gradient, ``compute_loss`` (plus the per-trajectory gradient norms OPOB needs, for vcpo), backward,
+controllers, clipping, AdamW (:class:`steadyrl.train.learner.Learner`). Times are medians over ``--repeats`` steps
+after ``--warmup`` steps; ratios are against the first method and against one sampling call of the same batch.
 
-    .venv/bin/python benchmarks/learner_step.py [--threads 1] [--repeats 20] [--methods grpo,seq_tis,vcpo]
+    .venv/bin/python benchmarks/learner_step.py [--threads 2] [--repeats 20] [--methods grpo,seq_tis,vcpo]
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.sampler import generate
-from steadyrl.tasks import ChainSumConfig, build_task
+from steadyrl.tasks import build_task
 from steadyrl.train.config import OptimConfig, TrainConfig
+from steadyrl.train.learner import Learner
 
-DEFAULT_METHODS = "grpo,seq_tis,seq_tis+gac,vcpo"
+DEFAULT_METHODS = "grpo,seq_tis,seq_tis+ess_lr,seq_tis+gac,vcpo"
 
 
 def _median_seconds(fn, *, repeats: int, warmup: int) -> float:
@@ -42,7 +45,7 @@ def _median_seconds(fn, *, repeats: int, warmup: int) -> float:
 def main() -> None:
     defaults = TrainConfig.model_fields
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=TrainConfig().runtime.threads, help="torch CPU threads")
     parser.add_argument("--repeats", type=int, default=20, help="timed steps per method")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated method specs")
@@ -55,7 +58,7 @@ def main() -> None:
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(TinyArchConfig(), tokenizer=tokenizer, seed=0)
     params = sum(p.numel() for p in model.parameters())
-    task = build_task(ChainSumConfig())
+    task = build_task(TrainConfig().task)
     prompts = [p.prompt for p in task.problems("train", args.prompts, seed=0)]
 
     def sample():
@@ -70,10 +73,9 @@ def main() -> None:
     B, T = rollouts.response_ids.shape
     print(f"default model: {params / 1e6:.2f}M parameters, {args.threads} thread(s); batch {args.prompts} prompts "
           f"x G={args.group_size} = {B} responses, T={T} tokens")
-    print(f"{'method':<16} {'learner step ms':>16} {'vs grpo':>8} {'vs sampling':>12}")
+    first = args.methods.split(",")[0]
+    print(f"{'method':<16} {'learner step ms':>16} {'vs ' + first:>12} {'vs sampling':>12}")
     base = None
-    from steadyrl.train.learner import Learner
-
     for spec_name in args.methods.split(","):
         spec = resolve_method(spec_name)
         learner = Learner(
@@ -82,7 +84,7 @@ def main() -> None:
         )
         seconds = _median_seconds(partial(learner.step, rollouts, rewards), repeats=args.repeats, warmup=args.warmup)
         base = base or seconds
-        print(f"{spec_name:<16} {seconds * 1e3:>16.1f} {seconds / base:>7.2f}x {seconds / sample_s:>11.2f}x")
+        print(f"{spec_name:<16} {seconds * 1e3:>16.1f} {seconds / base:>11.2f}x {seconds / sample_s:>11.2f}x")
     print(f"{'sampling':<16} {sample_s * 1e3:>16.1f}   (generate, {args.max_new_tokens} new tokens, KV cache)")
 
 

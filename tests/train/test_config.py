@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -112,4 +113,6 @@ def test_help_documents_every_key(capsys: pytest.CaptureFixture[str]) -> None:
     for key in _all_keys(TrainConfig):
         assert f" {key} " in text or f" {key}\n" in text or f"{key}  [" in text, key
     assert text.count("\n") > 60
+    chain_sum = text.split("when task.name=chain_sum:")[1].split("when task.name=")[0]
+    assert re.search(r"task\.min_digits +int \(>= 1, <= 9\) = 2\n", chain_sum)  # the main job's value, not the class's
     assert format_help(TrainConfig) in text

@@ -325,12 +325,22 @@ def _bounds(info: FieldInfo) -> str:
     return f" ({', '.join(out)})" if out else ""
 
 
-def _default(info: FieldInfo) -> str:
+_NO_DEFAULT = object()
+
+
+def _default_value(info: FieldInfo) -> Any:
     if info.default is not PydanticUndefined:
-        value = info.default
-    elif info.default_factory is not None:
-        value = info.default_factory()  # type: ignore[call-arg]
-    else:
+        return info.default
+    if info.default_factory is not None:
+        return info.default_factory()  # type: ignore[call-arg]
+    return _NO_DEFAULT
+
+
+def _default(info: FieldInfo, value: Any = _NO_DEFAULT) -> str:
+    """The default shown in ``--help``: ``value`` (from an enclosing section's default) or the field's own."""
+    if value is _NO_DEFAULT:
+        value = _default_value(info)
+    if value is _NO_DEFAULT:
         return "required"
     if isinstance(value, BaseModel):
         return f"{NAME_FIELD}={getattr(value, NAME_FIELD)}" if hasattr(value, NAME_FIELD) else "(section)"
@@ -338,26 +348,28 @@ def _default(info: FieldInfo) -> str:
     return plain if isinstance(plain, str) else json.dumps(plain)
 
 
-def _help_lines(model: type[BaseModel], prefix: str, indent: str) -> Iterator[str]:
+def _help_lines(model: type[BaseModel], prefix: str, indent: str, defaults: BaseModel | None = None) -> Iterator[str]:
+    """Help lines of ``model``'s fields; ``defaults`` is the enclosing default instance (its values are shown)."""
     for name, info in model.model_fields.items():
         key = f"{prefix}{name}"
         variants = _variants(info.annotation)
         desc = info.description or ""
+        value = getattr(defaults, name, _NO_DEFAULT) if isinstance(defaults, model) else _default_value(info)
         if variants:
             disc = _discriminator(info)
             if len(variants) > 1 and disc is not None:
                 tags = [_tag(v, disc) for v in variants]
                 yield f"{indent}{key}  [section; {key}.{disc} = {'|'.join(str(t) for t in tags)}; default " \
-                    f"{_default(info)}]  {desc}".rstrip()
+                    f"{_default(info, value)}]  {desc}".rstrip()
                 for v in variants:
                     yield f"{indent}  when {key}.{disc}={_tag(v, disc)}:"
-                    yield from _help_lines(v, f"{key}.", indent + "    ")
+                    yield from _help_lines(v, f"{key}.", indent + "    ", value if isinstance(value, v) else None)
             else:
                 yield f"{indent}{key}  [section]  {desc}".rstrip()
-                yield from _help_lines(variants[0], f"{key}.", indent + "  ")
+                yield from _help_lines(variants[0], f"{key}.", indent + "  ", value)
             continue
         head = f"{indent}{key}"
-        spec = f"{_type_name(info.annotation)}{_bounds(info)} = {_default(info)}"
+        spec = f"{_type_name(info.annotation)}{_bounds(info)} = {_default(info, value)}"
         pad = max(1, HELP_KEY_WIDTH - len(head))
         yield f"{head}{' ' * pad}{spec}"
         if desc:

@@ -20,11 +20,12 @@ from steadyrl.train.configio import ConfigError, format_help, load_config
 USAGE = """usage: steadyrl train [CONFIG] [key=value ...] [--print-config]
 
 RL-train a causal LM on a verifiable task with an exact policy lag. CONFIG is a YAML file or the name of a shipped
-config ({shipped}); without it, `default` is used: the README's main job (chain_sum with two 2-digit terms, the
-embedded tiny model warm-started and cached, sequence TIS + ESS-scaled step size at lag 16), whose values are
-the defaults listed below. key=value overrides are applied in order; values are YAML (lag=32, lr=1e-4,
+config; without it, `default` is used: the README's main job (chain_sum with two 2-digit terms, the embedded tiny
+model warm-started and cached, sequence TIS + ESS-scaled step size at lag 16), whose values are the defaults
+listed below. key=value overrides are applied in order; values are YAML (lag=32, lr=1e-4,
 optim.betas=[0.9,0.99], method=seq_tis+gac, method.seq_tis.cap=4, task.max_terms=3). Setting a section's name to
 a new value (task=countdown, method=grpo) starts that section afresh.
+Shipped configs: {shipped}.
 
 Outputs in out_dir: metrics.jsonl (one line per step), config.yaml (resolved), plot.png, checkpoints/.
 Ctrl-C stops after the current step with a checkpoint; resume=true continues from the latest checkpoint.
