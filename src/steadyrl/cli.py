@@ -53,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"steadyrl: unknown command {name!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    return COMMANDS[name][0](rest)
+    try:
+        return COMMANDS[name][0](rest)
+    except BrokenPipeError:  # output piped into `head` or similar: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
