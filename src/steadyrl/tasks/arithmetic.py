@@ -87,17 +87,8 @@ class ChainSumTask(GeneratedTask):
 
     @classmethod
     def from_config(cls, cfg: ChainSumConfig) -> ChainSumTask:
-        return cls(
-            min_terms=cfg.min_terms,
-            max_terms=cfg.max_terms,
-            min_digits=cfg.min_digits,
-            max_digits=cfg.max_digits,
-            allow_negation=cfg.allow_negation,
-            worked_steps=cfg.worked_steps,
-            eval_size=cfg.eval_size,
-            partial_credit=cfg.partial_credit,
-            stop_texts=cfg.stop_texts,
-        )
+        # Every config field but the tag is a constructor argument of the same name.
+        return cls(**cfg.model_dump(exclude={"name"}))
 
     def _problem_text(self, entry: Mapping[str, Any]) -> ProblemText:
         return ProblemText(prompt=compact(entry["metadata"]["expression"]) + EQUALS, answer=entry["answer"])
@@ -151,17 +142,8 @@ class BasicArithmeticTask(GeneratedTask):
 
     @classmethod
     def from_config(cls, cfg: BasicArithmeticConfig) -> BasicArithmeticTask:
-        return cls(
-            min_terms=cfg.min_terms,
-            max_terms=cfg.max_terms,
-            min_digits=cfg.min_digits,
-            max_digits=cfg.max_digits,
-            operators=cfg.operators,
-            allow_negation=cfg.allow_negation,
-            eval_size=cfg.eval_size,
-            partial_credit=cfg.partial_credit,
-            stop_texts=cfg.stop_texts,
-        )
+        # Every config field but the tag is a constructor argument of the same name.
+        return cls(**cfg.model_dump(exclude={"name"}))
 
     def _problem_text(self, entry: Mapping[str, Any]) -> ProblemText:
         return ProblemText(prompt=compact(entry["metadata"]["expression"]) + EQUALS, answer=entry["answer"])
