@@ -104,6 +104,7 @@ def make_batch(*, B: int, T: int, seed: int = 0) -> dict[str, object]:
         "logp": logp,
         "behav_logp": behav,
         "mask": mask,
+        "prox_logp": logp.detach().clone(),  # π_prox at the first update of a phase (VACO requires it)
         "rewards": torch.randint(0, 2, (B,), generator=g).float(),
         "group_ids": torch.arange(B // GROUP_SIZE).repeat_interleave(GROUP_SIZE),
         "versions": LEARNER_VERSION - torch.randint(0, MAX_LAG + 1, (B, T), generator=g),

@@ -6,9 +6,15 @@ prompts, sampled by the default architecture (hidden 128, 4 layers, ~1M paramete
 initialization, so no warm start is needed; the step time depends on the shapes, not the weights. One learner step
 = forward with gradient, ``compute_loss`` (plus the per-trajectory gradient norms OPOB needs, for vcpo), backward,
 controllers, clipping, AdamW (:class:`steadyrl.train.learner.Learner`). Times are medians over ``--repeats`` steps
-after ``--warmup`` steps; ratios are against the first method and against one sampling call of the same batch.
+after ``--warmup`` steps, the methods interleaved (one step of each in turn) so that load changes hit all alike;
+ratios are against the first method and against one sampling call of the same batch.
 
-    .venv/bin/python benchmarks/learner_step.py [--threads 2] [--repeats 20] [--methods grpo,seq_tis,vcpo]
+A method may end in ``@fused`` (default), ``@ghost``, ``@vmap`` or ``@naive``: how the learner gets the
+per-trajectory gradient norms of VCPO's baseline (``Learner(grad_norms=...)``): fused into the step's own forward and
+backward, or a separate pass first (``naive`` = one backward per trajectory, the VCPO authors' micro-batch-1 method).
+
+    .venv/bin/python benchmarks/learner_step.py [--threads 2] [--repeats 20] [--methods grpo,vcpo,vcpo@naive]
+    .venv/bin/python benchmarks/learner_step.py --prompts 8     # 8 x G=8 = 64 trajectories
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from steadyrl.tasks import build_task
 from steadyrl.train.config import OptimConfig, TrainConfig
 from steadyrl.train.learner import Learner
 
-DEFAULT_METHODS = "grpo,seq_tis,seq_tis+ess_lr,seq_tis+gac,vcpo"
+DEFAULT_METHODS = "grpo,seq_tis,seq_tis+ess_lr,seq_tis+gac,vcpo,vcpo@ghost,vcpo@naive"
 
 
 def _median_seconds(fn, *, repeats: int, warmup: int) -> float:
@@ -73,19 +79,32 @@ def main() -> None:
     B, T = rollouts.response_ids.shape
     print(f"default model: {params / 1e6:.2f}M parameters, {args.threads} thread(s); batch {args.prompts} prompts "
           f"x G={args.group_size} = {B} responses, T={T} tokens")
-    first = args.methods.split(",")[0]
-    print(f"{'method':<16} {'learner step ms':>16} {'vs ' + first:>12} {'vs sampling':>12}")
-    base = None
-    for spec_name in args.methods.split(","):
+    names = args.methods.split(",")
+    steps = {}
+    for name in names:
+        spec_name, _, mode = name.partition("@")
         spec = resolve_method(spec_name)
         learner = Learner(
             model=build_tiny_model(TinyArchConfig(), tokenizer=tokenizer, seed=0), method=spec,
             controllers=build_controllers(spec), lr=1e-4, optim=OptimConfig(), log=lambda _: None,
+            grad_norms=mode or "fused",
         )
-        seconds = _median_seconds(partial(learner.step, rollouts, rewards), repeats=args.repeats, warmup=args.warmup)
-        base = base or seconds
-        print(f"{spec_name:<16} {seconds * 1e3:>16.1f} {seconds / base:>11.2f}x {seconds / sample_s:>11.2f}x")
-    print(f"{'sampling':<16} {sample_s * 1e3:>16.1f}   (generate, {args.max_new_tokens} new tokens, KV cache)")
+        steps[name] = partial(learner.step, rollouts, rewards)
+    # Interleaved: repeat r times every method once, so that a change of machine load hits all methods alike.
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(args.warmup + args.repeats):
+        for name in names:
+            t0 = time.perf_counter()
+            steps[name]()
+            if r >= args.warmup:
+                times[name].append(time.perf_counter() - t0)
+    first = names[0]
+    base = statistics.median(times[first])
+    print(f"{'method':<22} {'learner step ms':>16} {'vs ' + first:>12} {'vs sampling':>12}")
+    for name in names:
+        seconds = statistics.median(times[name])
+        print(f"{name:<22} {seconds * 1e3:>16.1f} {seconds / base:>11.2f}x {seconds / sample_s:>11.2f}x")
+    print(f"{'sampling':<22} {sample_s * 1e3:>16.1f}   (generate, {args.max_new_tokens} new tokens, KV cache)")
 
 
 if __name__ == "__main__":

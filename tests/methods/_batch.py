@@ -18,6 +18,7 @@ def make_batch(
         "logp": logp,
         "behav_logp": behav,
         "mask": mask,
+        "prox_logp": logp.detach().clone(),  # π_prox at the first update of a phase: π_θ's value
         "rewards": torch.randint(0, 2, (B,), generator=g).double(),
         "group_ids": torch.arange(n_groups).repeat_interleave(G),
         "versions": torch.randint(0, 5, (B, T), generator=g),

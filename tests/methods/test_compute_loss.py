@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from steadyrl import compute_loss, resolve_method
 from steadyrl.methods import PRESETS, required_inputs
 from steadyrl.methods.batch import KEY_DOCS
+from tests.core.advantages.test_vaco import _ref_vaco
 from tests.methods._batch import make_batch
 
 ALL = [p.name for p in PRESETS]
@@ -91,6 +92,56 @@ def test_on_policy_gmc_equals_grpo_gradient(seed: int) -> None:
     assert torch.allclose(b1["logp"].grad, b2["logp"].grad, atol=1e-12)
 
 
+NO_PROX = [p.name for p in PRESETS if "prox_logp" not in required_inputs(resolve_method(p.name))]
+
+
+@pytest.mark.parametrize("name", NO_PROX)
+def test_prox_defaults_to_logp_detached(name: str) -> None:
+    """Without ``prox_logp`` the loss uses π_θ detached: the same loss and gradient as passing that value."""
+    b1, b2 = make_batch(seed=8), make_batch(seed=8)
+    del b2["prox_logp"]
+    l1, _ = compute_loss(name, b1)
+    l2, _ = compute_loss(name, b2)
+    l1.backward()
+    l2.backward()
+    assert torch.equal(l1, l2)
+    assert torch.equal(b1["logp"].grad, b2["logp"].grad)
+
+
+@given(seed=st.integers(0, 10_000), agg=st.sampled_from(["token-mean", "seq-mean-token-mean"]))
+def test_on_policy_vaco_is_grpo(seed: int, agg: str) -> None:
+    """μ = π_prox = π_θ: no re-alignment (all ρ = 1) and no TV drop, so VACO is PPO-clip on GRPO advantages."""
+    spec = resolve_method("vaco", {"agg": agg})
+    plain = resolve_method("ppo", {"agg": agg})
+    b1, b2 = make_batch(seed=seed, on_policy=True), make_batch(seed=seed, on_policy=True)
+    loss, metrics = compute_loss(spec, b1)
+    ref, ref_metrics = compute_loss(plain, b2)
+    loss.backward()
+    ref.backward()
+    assert torch.equal(loss, ref)
+    assert torch.equal(b1["logp"].grad, b2["logp"].grad)
+    assert metrics["adv/realign_shift"].item() == 0.0 and metrics["loss/masked_frac"].item() == 0.0
+    assert torch.equal(metrics["adv/mean"], ref_metrics["adv/mean"])
+
+
+@given(seed=st.integers(0, 10_000))
+def test_vaco_realigns_with_prox_and_matches_float64_reference(seed: int) -> None:
+    """The whole VACO loss by hand (filter off): ρ_i from the *given* π_prox, v_g, A_i, REINFORCE token-mean."""
+    batch = make_batch(seed=seed, scale=0.5)
+    g = torch.Generator().manual_seed(seed)
+    batch["prox_logp"] = batch["logp"].detach() + 0.3 * torch.randn(batch["logp"].shape, generator=g).double()
+    spec = resolve_method("vaco", {"vaco_filter.delta": 1e9, "objective.type": "reinforce", "advantage.rho_bar": 1.2})
+    loss, metrics = compute_loss(spec, batch)
+    mask, ell = batch["mask"], batch["prox_logp"] - batch["behav_logp"]
+    adv, target, _ = _ref_vaco(batch["rewards"], batch["group_ids"], ell, mask, rho_bar=1.2, ratio="geometric",
+                               scale="group", eps=1e-6, unbiased=True)
+    r = torch.exp(batch["logp"].detach() - batch["prox_logp"])  # REINFORCE −A·r, r = π_θ/π_prox (value)
+    terms = [-adv[i] * float(r[i, t]) for i in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[i, t]]
+    assert loss.item() == pytest.approx(sum(terms) / len(terms), abs=1e-10)
+    assert metrics["adv/baseline_mean"].item() == pytest.approx(sum(target) / len(target), abs=1e-12)
+    assert metrics["adv/realign_shift"].item() > 0.0
+
+
 def _seq_tis_reference(batch: dict[str, torch.Tensor], cap: float = 8.0) -> float:
     """ALGORITHMS.md by hand: A_i = GRPO (unbiased std + 1e-6); w̄_i = min(exp S_i, C); seq-mean-token-mean of −A w̄."""
     logp, behav, mask = batch["logp"].detach(), batch["behav_logp"], batch["mask"]
@@ -133,7 +184,11 @@ def test_prox_logp_is_used_for_weights_when_given() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "key"), [("vcpo", "grad_sq_norms"), ("copc", "values"), ("estr", "behav_entropy"), ("otb", "sum_p2")]
+    ("name", "key"),
+    [
+        ("vcpo", "grad_sq_norms"), ("copc", "values"), ("estr", "behav_entropy"), ("otb", "sum_p2"),
+        ("vaco", "prox_logp"),
+    ],
 )
 def test_missing_tensor_is_named(name: str, key: str) -> None:
     batch = make_batch()

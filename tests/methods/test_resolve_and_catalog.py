@@ -52,6 +52,8 @@ def test_composition_concatenates_corrections_and_controllers() -> None:
         ("seq_tis+gmc_grpo", None, "both set 'objective'"),
         ("grpo+grpo", None, "twice"),
         ("grpo", {"objective.clip_hgh": 0.3}, "clip_hgh"),
+        ("vaco", {"recompute_prox": False}, r"advantage.type='vaco' .* set recompute_prox=True"),
+        ("vaco", {"advantage.ratio": "mean"}, r"advantage\.vaco\.ratio: Input should be 'geometric' or 'product'"),
     ],
 )
 def test_errors_name_the_field_and_the_choices(spec: str, overrides: dict | None, match: str) -> None:

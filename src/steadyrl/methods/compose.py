@@ -6,7 +6,8 @@ The pipeline, in the order it runs (ALGORITHMS.md, "Two policies or three"):
    detached when not given (one update per batch: VCPO's setting); in ``policy="bypass"`` π_prox := μ (verl).
    ℓ = log π_prox − log μ is the behavior-correction log-ratio, detached.
 2. **Rewards.** Outcome rewards [B] (or token rewards [B,T]); ``kl.type="in_reward"`` subtracts β·k_t per token.
-3. **Advantages.** GRPO / Dr.GRPO, OPOB, OTB, COPC TD, or given; sequence advantages are broadcast to tokens.
+3. **Advantages.** GRPO / Dr.GRPO, OPOB, OTB, COPC TD, VACO (GRPO re-aligned with a one-step V-trace target on
+   ℓ), or given; sequence advantages are broadcast to tokens.
 4. **Corrections**, in the method's order: each returns detached token weights and a mask; weights multiply, masks
    intersect. Their ``is/...`` metrics are renamed ``<correction>/...`` so they never shadow the diagnostics.
 5. **Objective** on the surviving tokens, aggregated with the method's ``agg`` mode. GMC-GRPO computes its own
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from steadyrl.core import kl as core_kl
 from steadyrl.core import rejection, weights
-from steadyrl.core.advantages import grpo, opob, otb, vtrace
+from steadyrl.core.advantages import grpo, opob, otb, vaco, vtrace
 from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.core.ess import sequence_ess
 from steadyrl.core.masking import (
@@ -101,11 +102,7 @@ def _advantages(
             return grpo.token_advantages(advantages=a, mask=mask), a, {}
         return where_masked(a, mask), None, {}
     if isinstance(adv, S.CopcAdvantage):
-        assert b.values is not None and tok_r is not None
-        out = vtrace.copc_advantages(
-            rewards=tok_r, values=b.values.detach(), log_rhos=logp.detach() - behav, mask=mask,
-            gamma=adv.gamma, lam=adv.lam, rho_min=adv.rho_min, rho_max=adv.rho_max,
-        )  # fmt: skip
+        out = _copc(adv, b, token_rewards=tok_r, logp=logp, behav=behav, mask=mask)
         return out.advantages, None, {**rw.metrics, **out.metrics}
     assert seq_r is not None and b.group_ids is not None
     if isinstance(adv, S.GrpoAdvantage):
@@ -124,12 +121,49 @@ def _advantages(
         )  # fmt: skip
         metrics = {**rw.metrics, **out_o.metrics}
         return grpo.token_advantages(advantages=out_o.advantages, mask=mask), out_o.advantages, metrics
+    if isinstance(adv, S.VacoAdvantage):
+        out_v = vaco.vaco_advantages(
+            rewards=seq_r, group_ids=b.group_ids, log_ratio=ell, mask=mask, rho_bar=adv.rho_bar, ratio=adv.ratio,
+            scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased,
+        )  # fmt: skip
+        metrics = {**rw.metrics, **out_v.metrics}
+        return grpo.token_advantages(advantages=out_v.advantages, mask=mask), out_v.advantages, metrics
     assert isinstance(adv, S.OtbAdvantage) and b.sum_p2 is not None
     out_t = otb.otb_advantages(
         returns=_return_to_go(tok_r, mask), token_logp=prox, sum_p2=b.sum_p2.detach(),
         mask=mask, group_ids=b.group_ids, token_weights=safe_exp(ell) if adv.importance_weighted else None,
     )  # fmt: skip
     return out_t.advantages, None, {**rw.metrics, **out_t.metrics}
+
+
+def _copc(
+    adv: S.CopcAdvantage, b: LossBatch, *, token_rewards: Tensor | None, logp: Tensor, behav: Tensor, mask: Tensor
+) -> vtrace.CopcAdvantages:
+    """COPC advantages and value targets from the batch's ``values`` and log ρ = log π_θ (detached) − log μ."""
+    assert b.values is not None and token_rewards is not None
+    return vtrace.copc_advantages(
+        rewards=token_rewards, values=b.values.detach(), log_rhos=logp.detach() - behav, mask=mask,
+        gamma=adv.gamma, lam=adv.lam, rho_min=adv.rho_min, rho_max=adv.rho_max,
+    )  # fmt: skip
+
+
+def copc_value_targets(method: str | S.MethodSpec, batch: LossBatch | Mapping[str, Any]) -> Tensor:
+    """COPC's value targets V(s_t) + Â_t [B,T] for a critic (arXiv 2610.09597) [reconstructed], detached, 0 off-mask.
+
+    The same computation :func:`compute_loss` runs for the advantages of ``advantage.type=copc`` (token rewards with
+    the outcome reward on the last trained token, after any KL-in-reward penalty; the batch's ``values``; log ρ of
+    π_θ against μ), returning ``copc_advantages(...).returns`` instead of the advantages. ``method``: a preset name,
+    composition or resolved spec whose advantage is ``copc``; ``batch`` as for :func:`compute_loss`.
+    """
+    spec = resolve_method(method) if isinstance(method, str) else method
+    adv = spec.advantage
+    if not isinstance(adv, S.CopcAdvantage):
+        raise ValueError(f"method {spec.name!r} has advantage.type={adv.type!r}; value targets need 'copc'")
+    b = LossBatch.from_any(batch)
+    b.require(required_inputs(spec), spec.name)
+    mask = as_bool_mask(b.mask)
+    rw = _rewards(spec, b, b.logp, mask, tokens=True)
+    return _copc(adv, b, token_rewards=rw.token, logp=b.logp, behav=b.behav_logp.detach(), mask=mask).returns
 
 
 def _correct(

@@ -208,17 +208,19 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "oapl",
-        "OAPL: squared regression of β2·log(π_θ/μ) onto R − V̂*, no importance ratio; lagged inference policy",
+        "OAPL: squared regression of β2·log(π_θ/μ) onto R − V̂*, no importance ratio; use it with the periodic "
+        "schedule (runtime.schedule=periodic runtime.refresh_every=50 lag=0: configs/oapl_periodic.yaml)",
         "2602.19362",
         "reference-code",
         {"objective": {"type": "oapl"}},
     ),
     Preset(
         "vaco",
-        "VACO: drop samples whose TV step would grow past δ = 0.2 in the direction of their advantage",
+        "VACO: advantages re-aligned once per phase with a one-step V-trace target (ρ̄ = 1, π_prox recomputed); "
+        "drop samples whose TV step would grow past δ = 0.2 in the direction of their advantage",
         "2603.01365",
         "reconstructed",
-        {"corrections": [{"type": "vaco_filter"}]},
+        {"advantage": {"type": "vaco"}, "corrections": [{"type": "vaco_filter"}], "recompute_prox": True},
     ),
     Preset(
         "copc",

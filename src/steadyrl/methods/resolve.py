@@ -77,7 +77,7 @@ def _format_validation(spec_name: str, err: ValidationError) -> str:
     lines = [f"invalid method {spec_name!r}:"]
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"])
-        lines.append(f"  {loc}: {e['msg']}")
+        lines.append(f"  {loc}: {e['msg']}" if loc else f"  {e['msg']}")  # a cross-field rule has no location
     return "\n".join(lines)
 
 
@@ -125,6 +125,8 @@ def required_inputs(method: MethodSpec) -> tuple[str, ...]:
         needs += ["rewards", "values"]
     elif adv == "otb":
         needs += ["rewards", "group_ids", "sum_p2"]
+    elif adv == "vaco":  # ρ_i from π_prox/μ: the policy at the start of the optimization phase
+        needs += ["rewards", "group_ids", "prox_logp"]
     else:
         needs += ["rewards", "group_ids"]
     if method.objective.type in ("oapl", "gmc_grpo"):

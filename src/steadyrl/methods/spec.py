@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from steadyrl.core import weights as W
 from steadyrl.core.masking import AggMode
@@ -62,6 +62,25 @@ class CopcAdvantage(_Strict):
     rho_max: float = Field(1.0, gt=0, description="upper clip of ρ̄ (paper value unknown)")
 
 
+class VacoAdvantage(_Strict):
+    """VACO advantage re-alignment (arXiv 2603.01365) [reconstructed]: one-step V-trace target per group.
+
+    A_i = (R_i − v_g)/(std + ε), v_g = b_g + (1/G) Σ_{i∈g} min(ρ̄, ρ_i)(R_i − b_g), ρ_i from π_prox/μ: needs
+    ``prox_logp`` (the policy at the start of the optimization phase), so the method must set ``recompute_prox``.
+    """
+
+    type: Literal["vaco"] = "vaco"
+    rho_bar: float = Field(1.0, gt=0, description="V-trace truncation ρ̄ of the sequence ratio (IMPALA default 1)")
+    ratio: Literal["geometric", "product"] = Field(
+        "geometric", description="sequence ratio: geometric mean of the token ratios (default) or their product"
+    )
+    scale: Literal["group", "batch", "none"] = Field(
+        "group", description="divide by the group's reward std (as GRPO), the batch's, or not"
+    )
+    eps: float = Field(1e-6, ge=0, description="added to the std before dividing (verl 1e-6, TRL 1e-4)")
+    unbiased: bool = Field(True, description="n−1 std (verl, TRL) instead of the population std")
+
+
 class GivenAdvantage(_Strict):
     """Use ``batch['advantages']`` as given (computed by the caller's framework)."""
 
@@ -69,7 +88,8 @@ class GivenAdvantage(_Strict):
 
 
 AdvantageSpec = Annotated[
-    GrpoAdvantage | OpobAdvantage | OtbAdvantage | CopcAdvantage | GivenAdvantage, Field(discriminator="type")
+    GrpoAdvantage | OpobAdvantage | OtbAdvantage | CopcAdvantage | VacoAdvantage | GivenAdvantage,
+    Field(discriminator="type"),
 ]
 
 
@@ -343,3 +363,13 @@ class MethodSpec(_Strict):
     recompute_prox: bool = Field(
         False, description="the learner recomputes π_prox before the first update (AReaL decoupled PPO)"
     )
+
+    @model_validator(mode="after")
+    def _vaco_needs_the_phase_policy(self) -> MethodSpec:
+        """VACO re-aligns with π_prox/μ: without the recompute the learner would not hand it ``prox_logp``."""
+        if self.advantage.type == "vaco" and not self.recompute_prox:
+            raise ValueError(
+                "advantage.type='vaco' re-aligns advantages with π_prox (prox_logp, the policy at the start of the "
+                "optimization phase): set recompute_prox=True"
+            )
+        return self

@@ -332,35 +332,142 @@ _Contribution = _Outer | _Dense
 
 
 def _ghost(model: nn.Module, batch: TokenBatchLike, spec: _Objective, dtype: torch.dtype, strategy: str) -> Tensor:
-    N = batch.response_ids.shape[0]
-    owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
-    calls: list[_Call] = []
-    handles = [m.register_forward_hook(_recorder(calls), with_kwargs=True) for m in owners]
-    try:
-        loss = spec.per_trajectory(model, batch).sum()  # Σ_i ℓ_i: one forward for the whole batch
-    finally:
-        for h in handles:
-            h.remove()
-    zeros = torch.zeros(N, dtype=dtype, device=batch.response_ids.device)
-    calls = [c for c in calls if c.output.requires_grad]
-    if not calls or not loss.requires_grad:
-        return zeros
-    # One backward: gradients w.r.t. the recorded module outputs only (row i = ∂ℓ_i/∂output_i, samples independent).
-    out_grads = torch.autograd.grad(loss, [c.output for c in calls], allow_unused=True)
-    contributions: dict[int, list[_Contribution]] = {}
-    for call, g in zip(calls, out_grads, strict=True):
-        if _versions(call.output, call.args, call.kwargs) != call.versions:
-            raise RuntimeError(f"{type(call.module).__name__}: a recorded tensor was modified in place after the call")
-        if g is None:
-            continue
-        if call.output.shape[0] != N:
-            raise ValueError(f"{type(call.module).__name__}: output {tuple(call.output.shape)} is not batch-first")
-        for param, contribution in _per_sample(call, g):
-            contributions.setdefault(id(param), []).append(contribution)
-    total = zeros
-    for parts in contributions.values():
-        total = total + _param_sq_norm(parts, strategy).to(dtype)
-    return total
+    with GhostPass(model, batch, objective=spec, strategy=strategy) as ghost:
+        return ghost.sq_norms().to(dtype)
+
+
+class GhostPass:
+    """One forward of the learner's log-probs → per-trajectory squared gradient norms *and* the batch gradient.
+
+    The "ghost" method as an object the learner can keep between the norms and its own backward (VCPO's step):
+
+    1. ``GhostPass(model, batch, ...)`` runs the learner's forward (``sequence_logprobs``) with the recording hooks;
+       ``.logp`` ``[N, T]`` carries the graph.
+    2. :meth:`sq_norms` runs the one backward of Σ_i ℓ_i (ℓ_i = Σ_t m_{i,t} log π(y_{i,t})) to the recorded module
+       outputs, keeps the per-sample contributions G_{i,u} of every parameter and returns n_i = ‖∇_θ ℓ_i‖² (as
+       :func:`per_trajectory_grad_sq_norms`). The graph is kept for step 4.
+    3. :meth:`accumulate_grad` with per-trajectory coefficients c ``[N]`` adds Σ_i c_i ∇_θ ℓ_i to each parameter's
+       ``.grad`` **without another backward**: per parameter Σ_u Σ_i c_i G_{i,u} (Linear: Σ_{i,s} c_i g_{i,s}
+       a_{i,s}ᵀ, one matmul, as autograd's weight gradient; Embedding: an index-add; others: Σ_i c_i g_i). This is
+       the "book-keeping" trick of Bu et al. (arXiv 2210.00038): the weight gradients are formed once, from the
+       stored activations and output gradients, after the per-sample norms are known. It is exact whenever the loss's
+       gradient with respect to the log-probs is constant along each trajectory, ∂L/∂logp_{i,t} = c_i on its masked
+       tokens — true for sequence-weighted REINFORCE with ``seq-mean-token-mean`` or ``seq-mean-token-sum``
+       aggregation (VCPO: w̄_i A_i / (B L_i)).
+    4. Otherwise :meth:`backward` takes the full ``∂L/∂logp`` ``[N, T]`` and backpropagates it through the kept
+       graph (a second backward, the general case).
+
+    Use as a context manager (or call :meth:`close`) so the graph and the stored tensors are released.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: TokenBatchLike,
+        *,
+        mask: Tensor | None = None,
+        temperature: float = 1.0,
+        top_k: int = TOP_K_OFF,
+        top_p: float = TOP_P_OFF,
+        strategy: GhostStrategy | str = "auto",
+        objective: _Objective | None = None,
+    ) -> None:
+        if strategy not in GHOST_STRATEGIES:
+            raise ValueError(f"ghost_strategy={strategy!r} is not one of {', '.join(GHOST_STRATEGIES)}")
+        if objective is None:
+            m = batch.response_mask.bool() if mask is None else mask.bool() & batch.response_mask.bool()
+            objective = _Objective(mask=m, score=dict(temperature=temperature, top_k=top_k, top_p=top_p))
+        self.model, self.batch, self.objective, self.strategy = model, batch, objective, strategy
+        self.N = batch.response_ids.shape[0]
+        owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+        calls: list[_Call] = []
+        handles = [m.register_forward_hook(_recorder(calls), with_kwargs=True) for m in owners]
+        try:
+            with torch.enable_grad():
+                self.logp: Tensor = sequence_logprobs(model, batch, **objective.score).logp  # one forward, batched
+        finally:
+            for h in handles:
+                h.remove()
+        self._calls = [c for c in calls if c.output.requires_grad]
+        self._contributions: dict[int, list[_Contribution]] | None = None
+        self._params: dict[int, nn.Parameter] = {}
+        self._norms: Tensor | None = None
+
+    def __enter__(self) -> GhostPass:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the graph, the recorded calls and the per-sample contributions."""
+        self._calls, self._contributions, self._params = [], {}, {}
+        self.logp = self.logp.detach()
+
+    def _objective_sum(self) -> Tensor:
+        m = self.objective.mask[:, : self.logp.shape[1]]
+        return torch.where(m, self.logp, torch.zeros_like(self.logp)).sum()  # Σ_i ℓ_i
+
+    def _record(self) -> dict[int, list[_Contribution]]:
+        if self._contributions is not None:
+            return self._contributions
+        self._contributions = {}
+        loss = self._objective_sum()
+        if not self._calls or not loss.requires_grad:
+            return self._contributions
+        # One backward: gradients w.r.t. the recorded module outputs only (row i = ∂ℓ_i/∂output_i, samples
+        # independent); the weights' batch gradients are never formed. The graph is kept for :meth:`backward`.
+        out_grads = torch.autograd.grad(loss, [c.output for c in self._calls], allow_unused=True, retain_graph=True)
+        for call, g in zip(self._calls, out_grads, strict=True):
+            if _versions(call.output, call.args, call.kwargs) != call.versions:
+                raise RuntimeError(
+                    f"{type(call.module).__name__}: a recorded tensor was modified in place after the call"
+                )
+            if g is None:
+                continue
+            if call.output.shape[0] != self.N:
+                raise ValueError(f"{type(call.module).__name__}: output {tuple(call.output.shape)} is not batch-first")
+            for param, contribution in _per_sample(call, g):
+                self._contributions.setdefault(id(param), []).append(contribution)
+                self._params[id(param)] = param
+        return self._contributions
+
+    def sq_norms(self) -> Tensor:
+        """n_i = ‖∇_θ ℓ_i‖² ``[N]`` (detached; float32, or the parameters' float64), computed once."""
+        if self._norms is None:
+            dtype = _result_dtype(self.model)
+            total = torch.zeros(self.N, dtype=dtype, device=self.batch.response_ids.device)
+            for parts in self._record().values():
+                total = total + _param_sq_norm(parts, self.strategy).to(dtype)
+            self._norms = total.detach()
+        return self._norms
+
+    def accumulate_grad(self, coef: Tensor) -> None:
+        """``p.grad += Σ_i coef_i ∇_p ℓ_i`` for every trainable parameter, from the stored contributions (step 3)."""
+        if tuple(coef.shape) != (self.N,):
+            raise ValueError(f"coef has shape {tuple(coef.shape)}, expected {(self.N,)}")
+        coef = coef.detach()
+        for key, parts in self._record().items():
+            param = self._params[key]
+            total = sum(_weighted_sum(c, coef) for c in parts)
+            total = total.reshape(param.shape).to(param.dtype)
+            param.grad = total if param.grad is None else param.grad + total
+
+    def backward(self, grad_logp: Tensor) -> None:
+        """Backpropagate ∂L/∂logp ``[N, T]`` through the kept graph into ``.grad`` (the general case, step 4)."""
+        if self.logp.requires_grad:
+            torch.autograd.backward(self.logp, grad_tensors=grad_logp.detach().to(self.logp.dtype))
+
+
+def _weighted_sum(c: _Contribution, coef: Tensor) -> Tensor:
+    """Σ_i coef_i G_i of one contribution, shaped like its parameter (flattened for matrices: [R, C])."""
+    if isinstance(c, _Dense):
+        return torch.einsum("n,n...->...", coef.to(c.g.dtype), c.g)
+    N, S, C = c.w.shape
+    w = c.w * coef.to(c.w.dtype).view(N, 1, 1)  # c_i w_{i,s}
+    if c.indexed:
+        return w.new_zeros(c.rows, C).index_add_(0, c.u.reshape(-1), w.reshape(N * S, C))  # Σ onehot(id) c w
+    return c.u.reshape(N * S, c.rows).transpose(0, 1) @ w.reshape(N * S, C)  # Σ_{i,s} u_{i,s} (c_i w_{i,s})ᵀ
 
 
 def _recorder(calls: list[_Call]) -> Callable[..., None]:

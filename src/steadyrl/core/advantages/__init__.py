@@ -2,5 +2,6 @@
 
 Modules: ``grpo`` (group-relative advantages, GRPO / Dr.GRPO / batch scaling, and the shared ``adv/`` metrics),
 ``opob`` (VCPO's off-policy optimal baseline), ``otb`` (optimal token baseline), ``vtrace`` (V-trace and COPC
-token-level TD targets). Every result is detached: advantages and value targets enter the losses as constants.
+token-level TD targets), ``vaco`` (VACO's one-step V-trace re-alignment of group advantages). Every result is
+detached: advantages and value targets enter the losses as constants.
 """

@@ -90,22 +90,39 @@ def grpo_advantages(
     A divisor of exactly 0 (only with ``eps=0`` and a constant group) leaves R_i − mean unscaled instead of
     dividing 0 by 0. Returns a :class:`GroupAdvantages`; every tensor is detached.
     """
+    R = rewards.detach()
+    safe = reward_scale(rewards=R, group_ids=group_ids, scale=scale, eps=eps, unbiased=unbiased)
+    baseline = group_mean(R, group_ids=group_ids)  # mean_{j∈g(i)} R_j
+    centered = R - baseline
+    advantages = centered / safe  # A_i = (R_i − mean_g R) / (std + ε)
+    metrics = sequence_advantage_metrics(advantages=advantages, baseline=baseline, rewards=R, group_ids=group_ids)
+    return GroupAdvantages(advantages=advantages, baseline=baseline, scale=safe, metrics=metrics)
+
+
+def reward_scale(
+    *,
+    rewards: Float[Tensor, " B"],
+    group_ids: Int[Tensor, " B"],
+    scale: GrpoScale | str = "group",
+    eps: float = VERL_STD_EPS,
+    unbiased: bool = True,
+) -> Float[Tensor, " B"]:
+    """GRPO's divisor of R_i − baseline for each response (module table), detached.
+
+    ``group``: std_{g(i)} R + ε; ``batch``: std of all B rewards + ε; ``none``: 1. A divisor of exactly 0 (only
+    with ``eps=0`` and a constant scope) is replaced by 1, so the centred reward is left unscaled instead of dividing
+    0 by 0. Shared by every estimator that normalizes like GRPO (``grpo_advantages``, ``vaco.vaco_advantages``).
+    """
     if scale not in GRPO_SCALES:
         raise ValueError(f"scale={scale!r} is not one of {', '.join(GRPO_SCALES)}")
     if eps < 0:
         raise ValueError(f"eps={eps} must be >= 0")
     R = rewards.detach()
-    baseline = group_mean(R, group_ids=group_ids)  # mean_{j∈g(i)} R_j
-    centered = R - baseline
     if scale == "none":
-        divisor = torch.ones_like(R)  # Dr.GRPO: no std division
-    else:
-        scope = group_ids if scale == "group" else torch.zeros_like(group_ids)  # "batch": one scope for all
-        divisor = group_std(R, group_ids=scope, unbiased=unbiased) + eps  # std + ε
-    safe = torch.where(divisor > 0, divisor, torch.ones_like(divisor))
-    advantages = centered / safe  # A_i = (R_i − mean_g R) / (std + ε)
-    metrics = sequence_advantage_metrics(advantages=advantages, baseline=baseline, rewards=R, group_ids=group_ids)
-    return GroupAdvantages(advantages=advantages, baseline=baseline, scale=safe, metrics=metrics)
+        return torch.ones_like(R)  # Dr.GRPO: no std division
+    scope = group_ids if scale == "group" else torch.zeros_like(group_ids)  # "batch": one scope for all
+    divisor = group_std(R, group_ids=scope, unbiased=unbiased) + eps  # std + ε
+    return torch.where(divisor > 0, divisor, torch.ones_like(divisor))
 
 
 def token_advantages(*, advantages: Float[Tensor, " B"], mask: Shaped[Tensor, "B T"]) -> Float[Tensor, "B T"]:
