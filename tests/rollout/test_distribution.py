@@ -40,11 +40,14 @@ def test_matches_reference(temperature: float, top_k: int, top_p: float) -> None
     logits = torch.randn(6, 17, generator=gen, dtype=torch.float64) * 2
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     got = sampling_log_probs(logits, params=params)
-    assert got.dtype == torch.float32
+    assert got.dtype == torch.float64  # float64 logits are scored in float64 (float32 and below: float32)
+    assert sampling_log_probs(logits.float(), params=params).dtype == torch.float32
     for row, out in zip(logits.tolist(), got, strict=True):
-        ref = torch.tensor(reference_log_probs(row, temperature=temperature, top_k=top_k, top_p=top_p))
+        ref = torch.tensor(
+            reference_log_probs(row, temperature=temperature, top_k=top_k, top_p=top_p), dtype=torch.float64
+        )
         assert torch.equal(torch.isinf(out), torch.isinf(ref))
-        torch.testing.assert_close(out[~torch.isinf(out)], ref[~torch.isinf(ref)].float(), atol=1e-6, rtol=0)
+        torch.testing.assert_close(out[~torch.isinf(out)], ref[~torch.isinf(ref)], atol=1e-12, rtol=0)
         assert math.isclose(out.exp().sum().item(), 1.0, abs_tol=1e-6)
 
 

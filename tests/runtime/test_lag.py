@@ -93,3 +93,41 @@ def test_ring_state_dict_round_trip_and_missing_step_error() -> None:
     assert torch.all(other.get(4).state["emb.weight"] == 2.0)
     with pytest.raises(KeyError, match="no snapshot of step 0"):
         other.get(2)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_restart_serves_the_given_weights_until_newer_ones_are_published(schedule: LagSchedule) -> None:
+    """A rollback at step 7: weights = 100, version 3. Steps 7 … serve them until their source step is published."""
+    model = Tied()
+    ring = SnapshotRing(schedule)
+    for s in range(8):  # the diverged run published steps 0..7 (weights s, version s)
+        _set(model, float(s))
+        ring.publish(step=s, version=s, model=model)
+    _set(model, 100.0)
+    ring.restart(step=7, version=3, model=model)
+    assert len(ring) <= schedule.capacity
+    for t in range(7, 15):
+        snap = ring.get(t)
+        source = schedule.source_step(t)
+        # sources up to 7: the restart's weights; later ones: what the learner published (weights s, version s − 4)
+        want = (100.0, 3) if source <= 7 else (float(source), source - 4)
+        assert (float(snap.state["emb.weight"][0, 0]), snap.version) == want, t
+        _set(model, float(t + 1))
+        ring.publish(step=t + 1, version=t + 1 - 4, model=model)
+
+
+def test_lag_sampler_restart_reloads_the_sampler() -> None:
+    from steadyrl.runtime.lag import LagSampler
+    from steadyrl.train.config import SamplingConfig
+
+    model = Tied()
+    sampler = LagSampler(model=model, tokenizer=None, schedule=LagSchedule(kind="pipeline", lag=2),
+                         sampling=SamplingConfig(), group_size=1, seed=0)  # fmt: skip
+    for s in range(3):
+        _set(model, float(s))
+        sampler.publish(step=s, version=s, model=model)
+    sampler._loaded = 0  # as if step 2 had been sampled (from the weights of step 0)
+    _set(model, 9.0)
+    sampler.restart(step=3, version=1, model=model)
+    assert sampler._loaded is None and sampler.ring.steps == [1, 2, 3]
+    assert all(float(sampler.ring.get(t).state["emb.weight"][0, 0]) == 9.0 for t in (3, 4, 5))

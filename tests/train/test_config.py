@@ -50,7 +50,7 @@ def test_issue_keys_are_top_level_and_overrides_reach_sections() -> None:
     ("overrides", "pattern"),
     [
         (["lagg=3"], r"unknown key 'lagg'; did you mean 'lag'\?\n.*valid keys at the top level: .*prompts_per_step"),
-        (["optim.lr=0.1"], r"unknown key 'optim.lr'; did you mean 'lr'"),
+        (["optim.lr=0.1"], r"unknown key 'optim.lr'; did you mean 'critic.lr' or 'lr'"),
         (["lag=-1"], r"invalid value for 'lag': .*greater than or equal to 0 \(got -1\)"),
         (["runtime.schedule=async"], r"'runtime.schedule': Input should be 'pipeline' or 'periodic' \(got 'async'\)"),
         (["task=sudoku"], r"'task'.*expected tags: 'chain_sum', 'basic_arithmetic', 'countdown'"),
@@ -69,8 +69,8 @@ def test_config_errors_name_the_key(overrides: list[str], pattern: str) -> None:
 
 
 def test_a_method_needing_inputs_the_learner_cannot_make_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"method 'copc' needs batch inputs \['values'\]"):
-        load_config(TrainConfig, overrides=["method=copc"])
+    with pytest.raises(ConfigError, match=r"method 'otb' needs batch inputs \['sum_p2'\]"):
+        load_config(TrainConfig, overrides=["method=otb"])
 
 
 def test_bad_yaml_file_is_named(tmp_path: Path) -> None:

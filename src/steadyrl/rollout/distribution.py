@@ -15,7 +15,8 @@ Order of the transforms (the order of Hugging Face's logits warpers and vLLM's s
    kept); p = 1 keeps all
 4. log μ(v) = z_v − logsumexp_{kept} z for kept v, −inf otherwise
 
-Shapes: ``logits`` ``[..., V]`` (any leading dims, any float dtype) → log-probs ``[..., V]`` float32 (float64 for float64 logits).
+Shapes: ``logits`` ``[..., V]`` (any leading dims, any float dtype) → log-probs ``[..., V]`` float32 (float64 for
+float64 logits).
 Confidence: [exact] (the sampler's own definition; no paper formula involved).
 """
 
@@ -54,7 +55,8 @@ def check_sampling_params(params: SamplingParams) -> None:
 def sampling_log_probs(logits: Float[Tensor, "... V"], *, params: SamplingParams) -> Float[Tensor, "... V"]:
     """log μ(v): log-probs of the tempered, truncated, renormalized distribution (−inf outside the kept set).
 
-    Differentiable in ``logits`` (the kept set is chosen without gradient). Computed in float32, or float64 for float64 logits.
+    Differentiable in ``logits`` (the kept set is chosen without gradient). Computed in float32, or float64 for
+    float64 logits.
     """
     check_sampling_params(params)
     z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / params.temperature  # z = logits / T

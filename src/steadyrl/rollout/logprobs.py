@@ -7,13 +7,16 @@ log-softmax never run over the prompt. Used for the proximal policy (``prox_logp
 current policy (``logp``, with gradient), and by the warm start's supervised loss.
 
 Shapes: prompt ``[N, P]`` left-padded, response ``[N, T]`` right-padded → ``logp`` ``[N, T]`` float32, 0 where
-``response_mask`` is False; ``entropy`` ``[N, T]`` float32 (0 at padding) or None.
+``response_mask`` is False; ``entropy`` ``[N, T]`` float32 (0 at padding) or None. With ``return_hidden=True`` the
+same forward also asks for ``output_hidden_states`` and returns the final hidden state (the input of the output
+layer, after the final norm) at each position that predicts a response token, ``hidden`` ``[N, T, H]`` in the
+model's dtype (0 at padding): ``hidden[:, t]`` is the state *before* y_t is emitted, the s_t of a critic V(s_t).
 Confidence: [exact] (a forward pass; the distribution is that of :mod:`steadyrl.rollout.distribution`).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import torch
 from jaxtyping import Float
@@ -32,6 +35,28 @@ class SequenceLogprobs(NamedTuple):
     entropy: Float[Tensor, "N T"] | None
 
 
+class SequenceLogprobsHidden(NamedTuple):
+    """:class:`SequenceLogprobs` plus ``hidden`` [N, T, H]: the final hidden state at the position predicting y_t."""
+
+    logp: Float[Tensor, "N T"]
+    entropy: Float[Tensor, "N T"] | None
+    hidden: Float[Tensor, "N T H"]
+
+
+@overload
+def sequence_logprobs(
+    model: PreTrainedModel, batch: TokenBatchLike, *, temperature: float = ..., top_k: int = ..., top_p: float = ...,
+    return_entropy: bool = ..., return_hidden: Literal[False] = ...,
+) -> SequenceLogprobs: ...  # fmt: skip
+
+
+@overload
+def sequence_logprobs(
+    model: PreTrainedModel, batch: TokenBatchLike, *, temperature: float = ..., top_k: int = ..., top_p: float = ...,
+    return_entropy: bool = ..., return_hidden: Literal[True],
+) -> SequenceLogprobsHidden: ...  # fmt: skip
+
+
 def sequence_logprobs(
     model: PreTrainedModel,
     batch: TokenBatchLike,
@@ -40,7 +65,8 @@ def sequence_logprobs(
     top_k: int = 0,
     top_p: float = 1.0,
     return_entropy: bool = False,
-) -> SequenceLogprobs:
+    return_hidden: bool = False,
+) -> SequenceLogprobs | SequenceLogprobsHidden:
     """log π(y_t | x, y_<t) for every response token (gradient flows when called under grad).
 
     Args:
@@ -49,24 +75,33 @@ def sequence_logprobs(
         temperature, top_k, top_p: score under this sampling distribution (defaults: the plain policy, T = 1).
             With the sampler's settings, the result equals the recorded ``behav_logp`` for unchanged weights.
         return_entropy: also return H_t = −Σ_v π(v) log π(v) of the same distribution at each response position.
+        return_hidden: also return the final hidden states of the positions that predict the response tokens (same
+            forward, ``output_hidden_states=True``; the critic of ``steadyrl.train.critic`` reads them).
 
     Returns:
-        :class:`SequenceLogprobs` (unpacks as ``logp, entropy``); both float32 and 0 at padding.
+        :class:`SequenceLogprobs` (unpacks as ``logp, entropy``); both float32 and 0 at padding. With
+        ``return_hidden``: :class:`SequenceLogprobsHidden` (``logp, entropy, hidden``).
     """
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     prompt_mask, response_mask = batch.prompt_mask.bool(), batch.response_mask.bool()
     N, T = batch.response_ids.shape
     if T == 0:
         empty = torch.zeros(N, 0, device=batch.response_ids.device)
-        return SequenceLogprobs(empty, empty.clone() if return_entropy else None)
+        entropy0 = empty.clone() if return_entropy else None
+        if return_hidden:
+            hidden0 = torch.zeros(N, 0, model.config.hidden_size, device=empty.device, dtype=model.dtype)
+            return SequenceLogprobsHidden(empty, entropy0, hidden0)
+        return SequenceLogprobs(empty, entropy0)
     input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=-1)
     mask = torch.cat([prompt_mask, response_mask], dim=-1)
+    extra = {"output_hidden_states": True} if return_hidden else {}
     out = model(
         input_ids=input_ids,
         attention_mask=mask.long(),
         position_ids=positions_from_mask(mask),
         use_cache=False,
         logits_to_keep=T + 1,
+        **extra,
     )
     logits = out.logits[:, :-1]  # position P−1+t predicts response token t: [N, T, V]
     log_probs = sampling_log_probs(logits, params=params)
@@ -74,4 +109,8 @@ def sequence_logprobs(
     zeros = torch.zeros_like(token_logp)
     logp = torch.where(response_mask, token_logp, zeros)
     entropy = torch.where(response_mask, entropy_from_log_probs(log_probs), zeros) if return_entropy else None
+    if return_hidden:
+        last = out.hidden_states[-1][:, -(T + 1) : -1]  # the output layer's input at positions P−1 … P+T−2: [N, T, H]
+        hidden = torch.where(response_mask.unsqueeze(-1), last, torch.zeros_like(last))
+        return SequenceLogprobsHidden(logp, entropy, hidden)
     return SequenceLogprobs(logp, entropy)

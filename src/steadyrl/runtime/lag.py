@@ -128,6 +128,18 @@ class SnapshotRing:
             raise KeyError(f"no snapshot of step {source} for step {step} (held: {held}); publish every step in order")
         return self._items[source]
 
+    def restart(self, *, step: int, version: int, model: nn.Module) -> None:
+        """Discard every snapshot; ``model``'s weights (at ``version``) stand for every step that a step ≥ ``step``
+        may still be sampled from before it is published, i.e. source steps ``source_step(step)`` … ``step``.
+
+        One CPU copy is shared by all of them. Used by a rollback: as if the samplers restarted from a checkpoint.
+        """
+        state = cpu_state(model)
+        first = self.schedule.source_step(step)
+        self._items = {
+            s: Snapshot(s, version, state) for s in range(first, step + 1) if self.schedule.keeps(s) or s == first
+        }
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -208,6 +220,17 @@ class LagSampler:
                 version=snap.version,
                 record_entropy=self.record_entropy,
             )
+
+    def restart(self, *, step: int, version: int, model: nn.Module) -> None:
+        """Restart the samplers from ``model`` (healthy weights after a rollback; ``version`` its optimizer steps).
+
+        The ring is discarded and every batch from step ``step`` on that the schedule would draw from weights older
+        than ``step`` is sampled by ``model`` instead, as a real asynchronous system that restarts its samplers
+        from a checkpoint: the lag grows again from 0. It replaces what was published for ``step``; later steps are
+        published as usual.
+        """
+        self.ring.restart(step=step, version=version, model=model)
+        self._loaded = None
 
     def state_dict(self) -> dict[str, Any]:
         """The snapshot ring (the sampler model is rebuilt from it)."""

@@ -4,8 +4,8 @@ Key scheme (one name per setting, no aliases):
 
 * The keys a run is usually varied by are **top level**: ``task``, ``model``, ``method``, ``lag``, ``steps``, ``seed``,
   ``out_dir``, ``group_size``, ``prompts_per_step``, ``lr``, ``resume``.
-* Everything else lives in a **section**: ``sampling``, ``optim``, ``eval``, ``data``, ``checkpoint``, ``runtime``,
-  ``log``; override with dotted keys (``optim.weight_decay=0.1``, ``eval.every=10``).
+* Everything else lives in a **section**: ``sampling``, ``optim``, ``critic``, ``eval``, ``data``, ``checkpoint``,
+  ``runtime``, ``log``, ``guard``; override with dotted keys (``optim.weight_decay=0.1``, ``eval.every=10``).
 * ``task``, ``model`` and ``method`` are sections with a ``name``; a bare value sets the name (``task=countdown``,
   ``method=seq_tis+gac``). Method options go under ``method`` with the method's own dotted names
   (``method.seq_tis.cap=4``, ``method.agg=token-mean``; see ``steadyrl methods``).
@@ -25,11 +25,16 @@ from steadyrl.methods.resolve import required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
 from steadyrl.models import ModelConfig
 from steadyrl.tasks.config import ChainSumConfig, TaskConfig
+from steadyrl.train.critic import CriticConfig
+from steadyrl.train.guard import GuardConfig
 
 #: Batch tensors the learner of ``steadyrl train`` can hand to ``compute_loss`` (see ``steadyrl.train.learner``).
 PROVIDED_INPUTS: frozenset[str] = frozenset(
-    {"rewards", "group_ids", "versions", "learner_version", "prox_logp", "behav_entropy", "grad_sq_norms", "ref_logp"}
-)
+    {
+        "rewards", "group_ids", "versions", "learner_version", "prox_logp", "behav_entropy", "grad_sq_norms",
+        "ref_logp", "values",
+    }
+)  # fmt: skip
 
 #: The main job's task: chain_sum with two 2-digit terms (``47+85=`` → ``132``). On the embedded model, RL from the
 #: warm start gains about +30 points here in 200 steps, against about +11 on the 2–3 terms of 1–2 digits of
@@ -206,11 +211,15 @@ class TrainConfig(_Section):
     overwrite: bool = Field(False, description="Delete an existing run in out_dir instead of refusing to start.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampler settings.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer settings.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="COPC's value head (used only by "
+                                 "methods whose advantage needs critic values).")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     data: DataConfig = Field(default_factory=DataConfig, description="Training prompts.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Rollout runtime.")
     log: LogConfig = Field(default_factory=LogConfig, description="Logging outputs.")
+    guard: GuardConfig = Field(default_factory=GuardConfig, description="Collapse guard: watch ESS ratio, mismatch "
+                               "KL and gradient norm; warn, stop or roll back on alarm.")
 
     @model_validator(mode="after")
     def _minibatches_divide_prompts(self) -> TrainConfig:

@@ -19,13 +19,18 @@ uses π_prox = π_θ detached (VCPO's one-update setting).
 Version = number of optimizer steps applied (skipped ones do not count); the lag metrics of ``compute_loss`` use it.
 Metrics of the optimizer steps of one learner step are aggregated: keys ending in ``max`` by max, ``min`` by min,
 ``time/*`` by sum, the rest by mean.
+
+COPC critic (:mod:`steadyrl.train.critic`): when the method needs ``values``, step 1's forward also returns the final
+hidden states, the value head turns them into V(s_t) (the batch's ``values``, detached), and the value loss
+value_coef · ½ · masked mean (V − target)² (targets: COPC's V + Â of the same values) is added to the loss of step 3;
+the critic's AdamW steps exactly when the policy's does.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +43,13 @@ from steadyrl.methods.spec import MethodSpec
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.train.config import OptimConfig
-from steadyrl.train.grad_norms import per_trajectory_grad_sq_norms
+from steadyrl.train.critic import Critic, CriticConfig
+from steadyrl.train.grad_norms import GhostPass, GradNormMethod, per_trajectory_grad_sq_norms
+
+#: How the learner gets OPOB's per-trajectory squared gradient norms: ``fused`` (default) from the step's own forward
+#: and one backward (:class:`~steadyrl.train.grad_norms.GhostPass`), or a separate pass of
+#: :func:`~steadyrl.train.grad_norms.per_trajectory_grad_sq_norms` with that method before the usual forward/backward.
+GradNormsMode = Literal["fused"] | GradNormMethod
 
 
 class LearnerOutput(NamedTuple):
@@ -94,6 +105,8 @@ class Learner:
         temperature: float = 1.0,
         ref_model: nn.Module | None = None,
         log: Callable[[str], None] = print,
+        grad_norms: GradNormsMode = "fused",
+        critic: CriticConfig | None = None,
     ) -> None:
         self.model = model
         self.method = method
@@ -103,6 +116,7 @@ class Learner:
         self.temperature = temperature
         self.ref_model = ref_model
         self.log = log
+        self.grad_norms = grad_norms
         self.needs = set(required_inputs(method))
         if "ref_logp" in self.needs and ref_model is None:
             raise ValueError(f"method {method.name!r} has a reference KL term: pass ref_model")
@@ -112,6 +126,11 @@ class Learner:
         )
         self.version = 0
         self.prev_grad: Tensor | None = None
+        # COPC's value head and its AdamW: only when the method's advantage needs critic values
+        self.critic: Critic | None = None
+        if "values" in self.needs:
+            size = int(model.config.hidden_size)
+            self.critic = Critic(size, critic or CriticConfig(), device=self.params[0].device)
 
     # ------------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -121,6 +140,7 @@ class Learner:
             "version": self.version,
             "prev_grad": self.prev_grad,
             "controllers": [c.state_dict() for c in self.controllers],
+            "critic": None if self.critic is None else self.critic.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -130,6 +150,8 @@ class Learner:
         self.prev_grad = state["prev_grad"]
         for controller, cstate in zip(self.controllers, state["controllers"], strict=True):
             controller.load_state_dict(cstate)
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
 
     # -------------------------------------------------------------------------------------------------- step
     def scheduled_lr(self) -> float:
@@ -174,7 +196,10 @@ class Learner:
     def _logp(self, model: nn.Module, batch: Rollouts) -> Tensor:
         return sequence_logprobs(model, batch, temperature=self.temperature).logp
 
-    def _batch(self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], logp: Tensor) -> dict:
+    def _batch(
+        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], logp: Tensor,
+        grad_sq_norms: Tensor | None = None,
+    ) -> dict:  # fmt: skip
         batch: dict[str, Any] = {
             "logp": logp,
             "behav_logp": sub.behav_logp,
@@ -191,9 +216,40 @@ class Learner:
             if sub.behav_entropy is None:
                 raise ValueError(f"method {self.method.name!r} needs behav_entropy: sample with record_entropy=True")
             batch["behav_entropy"] = sub.behav_entropy
-        if "grad_sq_norms" in self.needs:  # OPOB: ‖∇_θ log π_θ(y_i)‖² per trajectory, one batched pass
-            batch["grad_sq_norms"] = per_trajectory_grad_sq_norms(self.model, sub, temperature=self.temperature)
+        if grad_sq_norms is not None:  # OPOB: ‖∇_θ log π_θ(y_i)‖² per trajectory
+            batch["grad_sq_norms"] = grad_sq_norms
         return batch
+
+    def _forward(self, sub: Rollouts) -> tuple[Tensor, Tensor | None, GhostPass | None]:
+        """(logp for the loss, per-trajectory squared gradient norms if the method needs them, the fused pass)."""
+        if "grad_sq_norms" not in self.needs:
+            return self._logp(self.model, sub), None, None
+        if self.grad_norms != "fused":  # a separate pass first (the benchmark's reference points)
+            norms = per_trajectory_grad_sq_norms(self.model, sub, method=self.grad_norms, temperature=self.temperature)
+            return self._logp(self.model, sub), norms, None
+        ghost = GhostPass(self.model, sub, temperature=self.temperature)
+        # The loss sees a leaf copy of logp: its gradient ∂L/∂logp decides how the fused pass forms ∇θ L.
+        return ghost.logp.detach().requires_grad_(), ghost.sq_norms(), ghost
+
+    @staticmethod
+    def _fused_backward(ghost: GhostPass, loss: Tensor, logp: Tensor, mask: Tensor) -> bool:
+        """∇θ L into ``.grad`` from the fused pass; True when one backward sufficed (sequence-constant ∂L/∂logp).
+
+        With a_{i,t} = ∂L/∂logp_{i,t}: if a is constant along each trajectory's masked tokens (VCPO), ∇θ L =
+        Σ_i a_i ∇θ Σ_t log π(y_{i,t}) is assembled from the stored per-sample pieces; otherwise a is backpropagated
+        through the kept graph (one more backward).
+        """
+        (a,) = torch.autograd.grad(loss, logp, allow_unused=True)
+        if a is None:
+            return True
+        m = mask.bool()
+        c = torch.where(m, a, torch.zeros_like(a)).sum(-1) / m.sum(-1).clamp(min=1)  # a_i: the row's mean
+        spread = torch.where(m, (a - c.unsqueeze(-1)).abs(), torch.zeros_like(a)).amax()
+        if bool(spread <= 1e-6 * a.abs().amax().clamp(min=torch.finfo(a.dtype).tiny)):
+            ghost.accumulate_grad(c)
+            return True
+        ghost.backward(a)
+        return False
 
     def _skip(self, reason: str) -> str:
         self.optimizer.zero_grad(set_to_none=True)
@@ -207,17 +263,44 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        logp = self._logp(self.model, sub)
-        loss, loss_metrics = compute_loss(self.method, self._batch(sub, rewards, extras, logp))
-        metrics = {k: float(v) for k, v in loss_metrics.items()}
-        loss_value = float(loss.detach())
-        metrics["loss"] = loss_value
-        metrics["train/skipped"] = 0.0
-        if not math.isfinite(loss_value):
-            metrics["train/skipped"] = 1.0
-            metrics["lr"] = lr
-            return metrics, self._skip(f"loss is {loss_value}")
-        loss.backward()
+        hidden = None
+        if self.critic is None:
+            logp, norms, ghost = self._forward(sub)
+        else:  # COPC: logp and the final hidden states from one forward (no OPOB norms: a method has one advantage)
+            self.critic.zero_grad()
+            logp, _, hidden = sequence_logprobs(self.model, sub, temperature=self.temperature, return_hidden=True)
+            norms, ghost = None, None
+        try:
+            batch = self._batch(sub, rewards, extras, logp, norms)
+            critic = None
+            if self.critic is not None and hidden is not None:  # V(s_t) joins the batch (detached), L_V the loss
+                critic = self.critic.terms(method=self.method, batch=batch, hidden=hidden)
+                batch["values"] = critic.values
+            loss, loss_metrics = compute_loss(self.method, batch)
+            metrics = {k: float(v) for k, v in loss_metrics.items()}
+            if critic is not None:
+                metrics |= {k: float(v) for k, v in critic.metrics.items()}
+            if norms is not None:
+                metrics["grad/per_traj_norm_mean"] = float(norms.clamp(min=0).sqrt().mean())  # mean_i ‖∇θ log π(y_i)‖
+                if "adv/baseline_mean" in metrics:
+                    metrics["vcpo/baseline_mean"] = metrics["adv/baseline_mean"]
+            loss_value = float(loss.detach())
+            metrics["loss"] = loss_value
+            metrics["train/skipped"] = 0.0
+            if critic is not None:  # one backward for actor and critic; a non-finite value loss skips the step too
+                loss = loss + critic.loss
+                loss_value = float(loss.detach())
+            if not math.isfinite(loss_value):
+                metrics["train/skipped"] = 1.0
+                metrics["lr"] = lr
+                return metrics, self._skip(f"loss is {loss_value}")
+            if ghost is None:
+                loss.backward()
+            else:
+                metrics["grad/fused"] = float(self._fused_backward(ghost, loss, logp, sub.response_mask))
+        finally:
+            if ghost is not None:
+                ghost.close()
         grad = flat_grad(self.params)
         norm = float(torch.linalg.vector_norm(grad))  # ‖g‖ before controllers and clipping
         metrics["grad/norm"] = norm
@@ -249,6 +332,8 @@ class Learner:
                     reason = self._skip(f"learning rate is {metrics['lr']}")
                 else:
                     self.optimizer.step()
+                    if self.critic is not None:
+                        self.critic.step()
                     self.version += 1
         finally:
             for controller in self.controllers:

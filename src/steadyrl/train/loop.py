@@ -12,6 +12,10 @@ For learner step t = 0 … steps − 1:
 After the last step: a final evaluation (the line ``step = steps``), a checkpoint, the plot and a summary. Ctrl-C
 asks the run to stop after the current step: it then checkpoints, plots and returns (a second Ctrl-C aborts at once).
 
+The collapse guard (:mod:`steadyrl.train.guard`, ``guard.mode``) judges every step's record before it is written
+(adding ``guard/*`` metrics); on alarm it warns, stops the run after that step (checkpoint, final eval, summary with
+its reason), or rolls back to its last healthy snapshot and restarts the rollout source from it.
+
 This module does not know which runtime produces the batches: :func:`train` takes a factory for any object with the
 :class:`RolloutSource` methods (``steadyrl.train.entry`` passes the lag runtime's).
 """
@@ -40,6 +44,7 @@ from steadyrl.tasks import Problem, Task, build_task
 from steadyrl.train import checkpoint as ckpt
 from steadyrl.train.config import TrainConfig
 from steadyrl.train.evaluate import EvalResult, evaluate
+from steadyrl.train.guard import GUARD_FILE, CollapseGuard
 from steadyrl.train.learner import Learner
 from steadyrl.train.metrics import METRICS_FILE, TB_DIR, TIMINGS_FILE, MetricsOffsets, MetricsWriter, read_metrics
 from steadyrl.train.plot import PLOT_FILE, write_plot
@@ -47,7 +52,7 @@ from steadyrl.train.seeding import generator
 
 CONFIG_FILE = "config.yaml"
 #: Files and directories a run writes in out_dir (what a fresh start replaces; nothing else there is touched).
-RUN_FILES = (METRICS_FILE, TIMINGS_FILE, CONFIG_FILE, PLOT_FILE, TB_DIR, ckpt.CHECKPOINT_DIR)
+RUN_FILES = (METRICS_FILE, TIMINGS_FILE, CONFIG_FILE, PLOT_FILE, TB_DIR, GUARD_FILE, ckpt.CHECKPOINT_DIR)
 #: Their presence means out_dir holds a run that a fresh start would destroy (so it needs ``overwrite=true``).
 PROTECTED_FILES = (METRICS_FILE, ckpt.CHECKPOINT_DIR)
 #: Config keys a resumed run may change (the others must match the checkpoint's, or the continuation is not exact).
@@ -73,6 +78,11 @@ class RolloutSource(Protocol):
         """Restore :meth:`state_dict`."""
         ...
 
+    def restart(self, *, step: int, version: int, model: nn.Module) -> None:
+        """Discard the in-flight weights: from ``step`` on, sample with ``model`` until newer weights are published
+        (the collapse guard's rollback)."""
+        ...
+
 
 class SourceFactory(Protocol):
     """Builds the rollout source of a run once the policy is loaded."""
@@ -95,9 +105,13 @@ class Summary(NamedTuple):
     min_ess_ratio: float | None
     max_kl_k3: float | None
     skipped: int
+    alarms: int = 0
+    """Collapse-guard alarms (``guard/alarm``)."""
+    rollbacks: int = 0
+    """Collapse-guard rollbacks (the last ``guard/rollbacks``)."""
 
-    def format(self, *, cfg: TrainConfig, out_dir: Path, seconds: float | None) -> str:
-        """A few lines for the terminal."""
+    def format(self, *, cfg: TrainConfig, out_dir: Path, seconds: float | None, guard_stop: str | None = None) -> str:
+        """A few lines for the terminal (``guard_stop``: why the collapse guard ended the run, if it did)."""
 
         def f(x: float | None) -> str:
             return "n/a" if x is None else f"{x:.3f}"
@@ -111,6 +125,12 @@ class Summary(NamedTuple):
                 f" (best {f(self.best_acc)})",
                 f"  min is/ess_ratio {f(self.min_ess_ratio)}, max kl/k3 {f(self.max_kl_k3)}, "
                 f"skipped steps {self.skipped}",
+                *(
+                    [f"  collapse guard: {self.alarms} alarm(s), {self.rollbacks} rollback(s): {out_dir / GUARD_FILE}"]
+                    if self.alarms
+                    else []
+                ),
+                *([f"  stopped by the collapse guard: {guard_stop}"] if guard_stop else []),
                 f"  metrics: {out_dir / METRICS_FILE}",
                 f"  plot:    {out_dir / PLOT_FILE}",
                 f"  config:  {out_dir / CONFIG_FILE}",
@@ -125,6 +145,8 @@ class RunResult(NamedTuple):
     steps_done: int
     interrupted: bool
     summary: Summary
+    guard_stop: str | None = None
+    """Why the collapse guard stopped the run (None: it did not)."""
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
@@ -144,6 +166,8 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
         min_ess_ratio=min(ess) if ess else None,
         max_kl_k3=max(kl) if kl else None,
         skipped=int(sum(values("train/skipped"))),
+        alarms=int(sum(values("guard/alarm"))),
+        rollbacks=int(max(values("guard/rollbacks"), default=0)),
     )
 
 
@@ -265,11 +289,15 @@ class _Run:
             temperature=cfg.sampling.temperature,
             ref_model=ref,
             log=_say,
+            critic=cfg.critic,
         )
         record_entropy = any(c.type == "estr" for c in self.method.corrections)
         self.source = make_source(cfg, model=self.model, tokenizer=self.tokenizer, record_entropy=record_entropy)
         self.pool: list[Problem] = self.task.problems("train", cfg.data.train_pool, seed=cfg.seed)
         self.eval_set: list[Problem] = self.task.problems("eval", cfg.eval.n, seed=cfg.seed)
+        self.guard = CollapseGuard(
+            cfg.guard, out_dir=Path(cfg.out_dir), model=self.model, learner=self.learner, base_lr=cfg.lr, say=_say
+        )
 
     def state(self, *, step: int, offsets: MetricsOffsets) -> dict[str, Any]:
         return {
@@ -280,12 +308,15 @@ class _Run:
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
             "metrics": offsets._asdict(),
             "config": self.cfg.model_dump(mode="json"),
+            "guard": self.guard.state_dict(),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.learner.load_state_dict(state["learner"])
         self.source.load_state_dict(state["source"])
+        if "guard" in state:  # after the learner: it re-applies the tightening of past rollbacks
+            self.guard.load_state_dict(state["guard"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(_as_tuple(state["rng"]["python"]))
 
@@ -377,6 +408,7 @@ def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None
         _say(f"[steadyrl train] resumed from {loaded.path} (step {start})")
     else:
         run.source.publish(step=0, version=0, model=run.model)
+    run.guard.start(start)
     writer = MetricsWriter(
         out_dir,
         separate_timings=cfg.log.timings == "separate",
@@ -386,6 +418,7 @@ def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None
     )
     stop = stop or StopFlag()
     interrupted = False
+    guard_stop: str | None = None
     t = start
     try:
         with stop, tqdm(total=cfg.steps, initial=start, disable=not cfg.log.progress, desc="train", unit="step",
@@ -396,11 +429,15 @@ def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None
                     interrupted = True
                     break
                 record = run.step(t)
+                action = run.guard.after_step(t, record, source=run.source)
                 writer.write(record)
                 last_acc = record.get("eval/acc", last_acc)
                 bar.set_postfix(_postfix(record, last_acc), refresh=False)
                 bar.update(1)
                 t += 1
+                if action.kind == "stop":
+                    guard_stop = f"alarm at step {t - 1}: {action.reason}"
+                    break
                 if cfg.checkpoint.every and t % cfg.checkpoint.every == 0 and t < cfg.steps:
                     writer.sync()
                     ckpt.save_checkpoint(out_dir, run.state(step=t, offsets=writer.offsets()), keep=cfg.checkpoint.keep)
@@ -409,6 +446,8 @@ def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None
         if interrupted:
             _say(f"[steadyrl train] stopped at step {t}; continue with: steadyrl train ... resume=true")
         else:
+            if guard_stop:
+                _say(f"[steadyrl train] the collapse guard stopped the run at step {t} ({guard_stop}); final eval")
             writer.write({"step": t, "version": run.learner.version, **run.eval_record()})
     finally:
         writer.close()
@@ -417,5 +456,5 @@ def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None
         title = f"{cfg.task.name} · {cfg.method.name} · lag {cfg.lag} · seed {cfg.seed}"
         write_plot(records, out_dir / PLOT_FILE, title=title)
     summary = summarize(records)
-    print(summary.format(cfg=cfg, out_dir=out_dir, seconds=time.perf_counter() - wall0))
-    return RunResult(out_dir=out_dir, steps_done=t, interrupted=interrupted, summary=summary)
+    print(summary.format(cfg=cfg, out_dir=out_dir, seconds=time.perf_counter() - wall0, guard_stop=guard_stop))
+    return RunResult(out_dir=out_dir, steps_done=t, interrupted=interrupted, summary=summary, guard_stop=guard_stop)

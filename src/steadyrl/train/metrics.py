@@ -21,6 +21,13 @@ Metric keys (namespaced by layer; the loss-level ones come from ``compute_loss``
 ``grad/norm``        ‖g‖ of the raw gradient, before controllers and clipping
 ``grad/cos_prev``    cos(g_t, g_{t−1}) of consecutive raw gradients (0 at the first step)
 ``train/skipped``    1 when a step was skipped for a non-finite loss, gradient or lr
+``grad/per_traj_*``  VCPO/OPOB: mean_i ‖∇θ log π(y_i)‖ (``grad/per_traj_norm_mean``); ``grad/fused`` 1 when the
+                     step's gradient was assembled from the same backward as those norms (docs/algorithms.md, vcpo)
+``vcpo/*``           ``ess_ratio`` and ``ess_scale`` (the ESS step size's lr factor), ``baseline_mean`` (OPOB)
+``gac/*``            GAC's cosine to the previous gradient, ``projected`` and ``skipped`` flags
+``critic/*``         COPC's value head: ``loss``, ``explained_var``, ``value_mean``
+``guard/*``          collapse guard: ``suspicious`` (this step matches the collapse signature), ``alarm`` (an alarm
+                     was raised at this step), ``rollbacks`` (count so far); reasons in ``guard.jsonl``
 ``is/*``, ``kl/*``   importance-weight diagnostics (``is/ess_ratio``, ``is/weight_max``) and mismatch KL (``kl/k3``)
 ``eval/acc``         held-out accuracy of the weights at the start of the step (eval steps and the final line)
 ``time/*``           ``step_s`` (the whole step), ``sample_s``, ``learn_s``, ``eval_s``
