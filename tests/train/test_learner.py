@@ -186,3 +186,13 @@ def test_fused_gradient_norms_give_the_plain_gradient(batch, method: str, option
     assert outs[0]["grad/fused"] == fused and "grad/fused" not in outs[1]
     for key in ("grad/per_traj_norm_mean", "vcpo/baseline_mean", "loss", "grad/norm"):
         assert outs[0][key] == pytest.approx(outs[1][key], rel=1e-6), key
+
+
+def test_gac_shares_the_previous_gradient_with_the_learner(model, batch) -> None:
+    """With GAC (raw previous gradient) the learner keeps no second copy; its cos_prev is GAC's cosine."""
+    learner = _learner(model, method="seq_tis+gac")
+    learner.step(*batch)
+    out = learner.step(*batch)
+    assert learner.prev_grad is None and learner.controllers[0].prev is not None
+    assert out.metrics["grad/cos_prev"] == pytest.approx(out.metrics["gac/cos"], abs=1e-6)
+    assert out.metrics["grad/cos_prev"] != 0.0

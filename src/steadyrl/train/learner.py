@@ -7,7 +7,8 @@ One learner step consumes one batch of rollouts (prompts_per_step × G responses
 2. ``loss, metrics = compute_loss(method, batch)`` with the batch keys the method needs (``required_inputs``);
 3. a non-finite loss skips the step (no backward); otherwise ``backward``;
 4. ``grad/norm`` = ‖g‖ of the raw gradient and ``grad/cos_prev`` = cos(g_t, g_{t−1}) (0 at the first step), for
-   every method; a non-finite norm skips the step;
+   every method; a non-finite norm skips the step. g_{t−1} is one flat float32 copy, shared with GAC when GAC keeps
+   the raw previous gradient (its default), so GAC costs no second copy;
 5. each controller's ``before_step`` (GAC edits ``.grad``; the ESS step size scales this step's lr; either can ask to
    skip), then gradient clipping, a last finiteness check, ``optimizer.step()``, each ``after_step``.
 
@@ -36,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from steadyrl.control.base import SKIP_STEP, Controller
+from steadyrl.control.gac import GradientAlignmentController
 from steadyrl.core.gac import grad_cosine
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
@@ -126,6 +128,9 @@ class Learner:
         )
         self.version = 0
         self.prev_grad: Tensor | None = None
+        self._gac_raw = next(
+            (c for c in self.controllers if isinstance(c, GradientAlignmentController) and c.spec.prev == "raw"), None
+        )
         # COPC's value head and its AdamW: only when the method's advantage needs critic values
         self.critic: Critic | None = None
         if "values" in self.needs:
@@ -308,9 +313,12 @@ class Learner:
             metrics["train/skipped"] = 1.0
             metrics["lr"] = lr
             return metrics, self._skip(f"gradient norm is {norm}")
-        prev = self.prev_grad if self.prev_grad is not None else torch.zeros_like(grad)
+        # GAC keeps the previous raw gradient itself: share it instead of a second copy (one extra flat gradient).
+        shared = self._gac_raw.prev if self._gac_raw is not None else self.prev_grad
+        prev = shared if shared is not None else torch.zeros_like(grad)
         metrics["grad/cos_prev"] = float(grad_cosine(a=grad, b=prev))  # cos(g_t, g_{t−1}); 0 at the first step
-        self.prev_grad = grad
+        if self._gac_raw is None:
+            self.prev_grad = grad
         reason = None
         try:
             control: dict[str, Tensor] = {}
