@@ -447,9 +447,10 @@ class GhostPass:
         if tuple(coef.shape) != (self.N,):
             raise ValueError(f"coef has shape {tuple(coef.shape)}, expected {(self.N,)}")
         coef = coef.detach()
+        scaled: dict[tuple[Any, ...], Tensor] = {}  # c_i x_{i,s} per stored tensor (q/k/v share inputs)
         for key, parts in self._record().items():
             param = self._params[key]
-            total = sum(_weighted_sum(c, coef) for c in parts)
+            total = sum(_weighted_sum(c, coef, scaled) for c in parts)
             total = total.reshape(param.shape).to(param.dtype)
             param.grad = total if param.grad is None else param.grad + total
 
@@ -459,15 +460,26 @@ class GhostPass:
             torch.autograd.backward(self.logp, grad_tensors=grad_logp.detach().to(self.logp.dtype))
 
 
-def _weighted_sum(c: _Contribution, coef: Tensor) -> Tensor:
-    """Σ_i coef_i G_i of one contribution, shaped like its parameter (flattened for matrices: [R, C])."""
+def _weighted_sum(c: _Contribution, coef: Tensor, cache: dict[tuple[Any, ...], Tensor]) -> Tensor:
+    """Σ_i coef_i G_i of one contribution, shaped like its parameter (flattened for matrices: [R, C]).
+
+    For a matrix, coef_i multiplies the narrower of the two factors (fewer multiplications), and a factor shared by
+    several parameters (the input of q/k/v, of gate/up) is scaled once (``cache``, keyed by storage and shape).
+    """
     if isinstance(c, _Dense):
         return torch.einsum("n,n...->...", coef.to(c.g.dtype), c.g)
     N, S, C = c.w.shape
-    w = c.w * coef.to(c.w.dtype).view(N, 1, 1)  # c_i w_{i,s}
-    if c.indexed:
-        return w.new_zeros(c.rows, C).index_add_(0, c.u.reshape(-1), w.reshape(N * S, C))  # Σ onehot(id) c w
-    return c.u.reshape(N * S, c.rows).transpose(0, 1) @ w.reshape(N * S, C)  # Σ_{i,s} u_{i,s} (c_i w_{i,s})ᵀ
+
+    def scale(x: Tensor) -> Tensor:
+        key = (x.data_ptr(), tuple(x.shape), x.stride())
+        if key not in cache:
+            cache[key] = x * coef.to(x.dtype).view(N, *([1] * (x.dim() - 1)))  # c_i x_{i,s}
+        return cache[key]
+
+    if c.indexed:  # Σ_{i,s} onehot(id_{i,s}) (c_i w_{i,s})ᵀ
+        return c.w.new_zeros(c.rows, C).index_add_(0, c.u.reshape(-1), scale(c.w).reshape(N * S, C))
+    u, w = (scale(c.u), c.w) if c.rows <= C else (c.u, scale(c.w))
+    return u.reshape(N * S, c.rows).transpose(0, 1) @ w.reshape(N * S, C)  # Σ_{i,s} c_i u_{i,s} w_{i,s}ᵀ
 
 
 def _recorder(calls: list[_Call]) -> Callable[..., None]:
