@@ -265,3 +265,26 @@ def test_invalid_arguments(tokenizer: PreTrainedTokenizerFast) -> None:
         per_trajectory_grad_sq_norms(model, batch, mask=batch.response_mask[:, :2])
     with pytest.raises(ValueError, match="vmap_chunk_size"):
         per_trajectory_grad_sq_norms(model, batch, method="vmap", vmap_chunk_size=0)
+
+
+def test_rms_norm_fast_path_is_taken_and_equals_the_per_row_vjp(tokenizer, monkeypatch) -> None:
+    """RMSNorm scales: one batched vjp with a per-sample copy of the weight = the generic per-row vjp, exactly."""
+    from steadyrl.train import grad_norms as gn
+
+    taken: list[bool] = []
+    fast = gn._rms_norm_per_sample
+
+    def spy(call, g):
+        out = fast(call, g)
+        taken.append(out is not None)
+        if out is not None:
+            ref = gn._generic_per_sample(call, g)
+            assert out[0][0] is ref[0][0]
+            torch.testing.assert_close(out[0][1].g, ref[0][1].g, rtol=0, atol=0)
+        return out
+
+    monkeypatch.setattr(gn, "_rms_norm_per_sample", spy)
+    model = llama(tokenizer)
+    per_trajectory_grad_sq_norms(model, default_batch(len(tokenizer)))
+    n_norms = sum(type(m).__name__.endswith("RMSNorm") for m in model.modules())
+    assert taken == [True] * n_norms and n_norms >= 3

@@ -73,7 +73,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from steadyrl.rollout.distribution import TOP_K_OFF, TOP_P_OFF
 from steadyrl.rollout.logprobs import sequence_logprobs
@@ -437,8 +437,9 @@ class GhostPass:
         if self._norms is None:
             dtype = _result_dtype(self.model)
             total = torch.zeros(self.N, dtype=dtype, device=self.batch.response_ids.device)
+            grams: dict[tuple[Any, ...], Tensor] = {}  # a shared input (of q/k/v, of gate/up) has one Gram matrix
             for parts in self._record().values():
-                total = total + _param_sq_norm(parts, self.strategy).to(dtype)
+                total = total + _param_sq_norm(parts, self.strategy, grams).to(dtype)
             self._norms = total.detach()
         return self._norms
 
@@ -517,7 +518,33 @@ def _per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Contributio
         if module.padding_idx is not None:
             e = e.masked_fill((ids == module.padding_idx).unsqueeze(-1), 0.0)  # the padding row gets no gradient
         return [(module.weight, _Outer(u=ids, w=e, rows=module.num_embeddings))]  # ∇E_i = Σ_s onehot(id_s) e_sᵀ
-    return _generic_per_sample(call, g)
+    fast = _rms_norm_per_sample(call, g)
+    return fast if fast is not None else _generic_per_sample(call, g)
+
+
+def _rms_norm_per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Contribution]] | None:
+    """Per-sample gradient of an RMSNorm's scale (``*RMSNorm`` with one 1-D ``weight``) in one batched vjp.
+
+    The module is re-run with its weight broadcast per sample ([N, 1, …, 1, D]); the vjp of that call with the
+    output gradient gives every sample's gradient at once (the scale multiplies the normalized input elementwise, so
+    row i of the output depends on copy i only). Used only when the re-run reproduces the recorded output exactly;
+    otherwise (None) the generic per-row vjp runs.
+    """
+    module, N = call.module, g.shape[0]
+    params = dict(module.named_parameters(recurse=False))
+    weight = params.get("weight")
+    if (not type(module).__name__.endswith("RMSNorm") or set(params) != {"weight"} or weight is None
+            or weight.dim() != 1 or call.output.dim() < 2 or call.output.shape[-1] != weight.shape[0]):  # fmt: skip
+        return None
+    args, kwargs = tree_map(lambda x: x.detach() if isinstance(x, Tensor) else x, (call.args, call.kwargs))
+    per_sample = weight.detach().view((1,) * (call.output.dim() - 1) + (-1,))
+    per_sample = per_sample.expand((N,) + (1,) * (call.output.dim() - 2) + (-1,)).clone().requires_grad_(True)
+    with torch.enable_grad():
+        out = functional_call(module, {"weight": per_sample}, args, kwargs)
+        if out.shape != call.output.shape or not torch.equal(out.detach(), call.output.detach()):
+            return None
+        (grad_w,) = torch.autograd.grad(out, per_sample, grad_outputs=g.to(out.dtype))
+    return [(weight, _Dense(_full(grad_w.reshape(N, -1))))]
 
 
 def _full(t: Tensor) -> Tensor:
@@ -552,23 +579,37 @@ def _generic_per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Con
 # --- squared norm of one parameter's per-sample gradient Σ_u G_{i,u}
 
 
-def _param_sq_norm(parts: list[_Contribution], strategy: str) -> Tensor:
-    """n_i(p) = ‖Σ_u G_{i,u}‖²: Gram form Σ_{u,v} ⟨G_u, G_v⟩ or materialized, per ``strategy`` / the cost estimate."""
+def _param_sq_norm(
+    parts: list[_Contribution], strategy: str, grams: dict[tuple[Any, ...], Tensor] | None = None
+) -> Tensor:
+    """n_i(p) = ‖Σ_u G_{i,u}‖²: Gram form Σ_{u,v} ⟨G_u, G_v⟩ or materialized, per ``strategy`` / the cost estimate.
+
+    ``grams`` caches the S×S Gram matrices of factors shared between parameters (pass the same dict for a batch).
+    """
+    grams = {} if grams is None else grams
     outers = [c for c in parts if isinstance(c, _Outer)]
     use_gram = len(outers) == len(parts) and (
         strategy == "gram" or (strategy == "auto" and _gram_cost(outers) <= _materialize_cost(outers))
     )
     if use_gram:
-        total = sum(_outer_inner(a, a) for a in outers)  # Σ_u ‖G_u‖²
+        total = sum(_outer_inner(a, a, grams) for a in outers)  # Σ_u ‖G_u‖²
         for j, a in enumerate(outers):
             for b in outers[j + 1 :]:
-                total = total + 2.0 * _outer_inner(a, b)  # + 2 Σ_{u<v} ⟨G_u, G_v⟩ (tied / reused parameters)
+                total = total + 2.0 * _outer_inner(a, b, grams)  # + 2 Σ_{u<v} ⟨G_u, G_v⟩ (tied / reused parameters)
         return total
     G = sum(_materialize(c) for c in parts)  # Σ_u G_{i,u}: [N, numel]
     return G.square().sum(dim=1)
 
 
-def _outer_inner(a: _Outer, b: _Outer) -> Tensor:
+def _bmm_t(x: Tensor, y: Tensor, cache: dict[tuple[Any, ...], Tensor]) -> Tensor:
+    """x yᵀ per sample ([N, S, C] × [N, S', C] → [N, S, S']), cached by the two tensors' storage, shape and strides."""
+    key = (x.data_ptr(), tuple(x.shape), x.stride(), y.data_ptr(), tuple(y.shape), y.stride())
+    if key not in cache:
+        cache[key] = torch.bmm(x, y.transpose(1, 2))
+    return cache[key]
+
+
+def _outer_inner(a: _Outer, b: _Outer, grams: dict[tuple[Any, ...], Tensor]) -> Tensor:
     """⟨Σ_s u_s w_sᵀ, Σ_t u'_t w'_tᵀ⟩_F = Σ_{s,t} (u_s·u'_t)(w_s·w'_t) per sample: [N]."""
     N, Sa, Sb = a.w.shape[0], a.w.shape[1], b.w.shape[1]
     if a.indexed and b.indexed:
@@ -579,7 +620,7 @@ def _outer_inner(a: _Outer, b: _Outer) -> Tensor:
         U = torch.gather(a.u, 2, b.u.unsqueeze(1).expand(N, Sa, Sb))  # u_s[id'_t]
     else:
         U = torch.bmm(a.u, b.u.transpose(1, 2))  # u_s·u'_t
-    W = torch.bmm(a.w, b.w.transpose(1, 2))  # w_s·w'_t
+    W = _bmm_t(a.w, b.w, grams)  # w_s·w'_t
     return (U * W).sum(dim=(1, 2))
 
 
