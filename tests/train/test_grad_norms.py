@@ -288,3 +288,16 @@ def test_rms_norm_fast_path_is_taken_and_equals_the_per_row_vjp(tokenizer, monke
     per_trajectory_grad_sq_norms(model, default_batch(len(tokenizer)))
     n_norms = sum(type(m).__name__.endswith("RMSNorm") for m in model.modules())
     assert taken == [True] * n_norms and n_norms >= 3
+
+
+def test_default_model_ghost_and_fused_match_naive(tokenizer) -> None:
+    """The acceptance check on the embedded default architecture (1.06M parameters), float64: ghost norms vs one
+    backward per trajectory to 1e-6 relative (in practice ~1e-15)."""
+    from steadyrl.train.grad_norms import GhostPass
+
+    model = build_tiny_model(TinyArchConfig(), tokenizer=tokenizer, seed=0).double()
+    batch = make_batch(prompt_lens=[6, 4, 7, 5], response_lens=[4, 12, 1, 7], vocab=len(tokenizer), seed=3)
+    want = per_trajectory_grad_sq_norms(model, batch, method="naive")
+    assert_rel_close(per_trajectory_grad_sq_norms(model, batch, method="ghost"), want, rtol=1e-6)
+    with GhostPass(model, batch) as ghost:
+        assert_rel_close(ghost.sq_norms(), want, rtol=1e-6)
