@@ -1,137 +1,64 @@
-"""Methods side by side at one policy lag on the testbed: final/best accuracy, min ESS ratio, when a run collapsed.
+"""Methods side by side at one policy lag: a thin wrapper over ``steadyrl sweep`` (kept for its command line).
 
-Runs ``steadyrl train`` once per (method, seed) as separate processes, ``--jobs`` at a time with one torch thread
-each, every run with the same ``key=value`` overrides (the lag, the step count, ...), then reads each run's
-``metrics.jsonl`` and prints one markdown table (also written to ``<out>/table.md``). A run that already finished in
-``<out>`` is not run again (delete its directory to redo it), so an interrupted sweep continues where it stopped.
+The same comparison is shipped as a sweep file; prefer it::
 
-A method is a ``steadyrl train`` method name (``seq_tis``, ``vcpo``, ``gmc_grpo``, ...); ``NAME:key=value,...`` adds
-overrides for that method only and names the row NAME, e.g. ``seq_tis_guard:method=seq_tis,guard.mode=rollback``.
+    steadyrl sweep lag64_methods                  # src/steadyrl/configs/sweeps/lag64_methods.yaml
+    steadyrl report runs/lag64_methods
 
-Collapse: the first eval step whose accuracy is more than ``--drop`` (absolute) below the best accuracy seen so far
-in that run; "-" when it never happens. (A run that only fluctuates within the eval noise, about ±0.02 at 512
-problems, does not count.)
+This script turns its arguments into that kind of sweep: each ``--methods`` entry is a grid value of ``method``
+(``NAME:key=value,...`` is a variant named NAME with those overrides; without ``method=`` it also sets
+``method=NAME``), ``--seeds`` the seeds, the ``key=value`` arguments after ``--`` the base overrides. Runs go to
+``<out>/method=NAME,seed=S/``; finished runs are skipped, partial ones resumed; results.csv, summary.csv and
+summary.md land in ``<out>`` (see ``steadyrl sweep --help``). Collapse: the first eval more than ``--drop`` below the
+run's best so far.
 
     .venv/bin/python benchmarks/stale_methods.py --out runs/lag64 --seeds 0 1 \\
         --methods seq_tis vcpo gac gmc_grpo oapl seq_tis_guard:method=seq_tis,guard.mode=rollback \\
-        -- lag=64 steps=300 prompts_per_step=16 lr=1e-3
+        -- lag=64 steps=300 prompts_per_step=16 lr=3e-4
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from steadyrl.train.metrics import METRICS_FILE, read_metrics
+from steadyrl.sweep.config import SweepConfig, Variant
+from steadyrl.sweep.entry import run_sweep
+from steadyrl.train.configio import ConfigError, parse_override
 
 
-def parse_method(spec: str) -> tuple[str, list[str]]:
-    """``NAME`` → (NAME, [method=NAME]); ``NAME:k=v,k=v`` → (NAME, [k=v, k=v])."""
+def method_value(spec: str) -> str | Variant:
+    """``NAME`` → ``NAME``; ``NAME:k=v,k=v`` → the variant NAME with overrides {k: v, ...} (values parsed as YAML)."""
     name, _, extra = spec.partition(":")
     if not extra:
-        return name, [f"method={name}"]
-    overrides = [kv for kv in extra.split(",") if kv]
-    if not any(kv.startswith("method=") for kv in overrides):
-        overrides.insert(0, f"method={name}")
-    return name, overrides
+        return name
+    overrides: dict[str, Any] = {}
+    for item in (kv for kv in extra.split(",") if kv):
+        parts, value = parse_override(item)
+        overrides[".".join(parts)] = value
+    return Variant(name=name, overrides=overrides)
 
 
-def summarize_run(records: list[dict[str, Any]], drop: float) -> dict[str, Any]:
-    """Base/final/best accuracy, min ESS ratio (and its step), collapse step, skipped steps and guard alarms."""
-    accs = [(int(r["step"]), float(r["eval/acc"])) for r in records if r.get("eval/acc") is not None]
-    ess = [(int(r["step"]), float(r["is/ess_ratio"])) for r in records if r.get("is/ess_ratio") is not None]
-    best_so_far, collapse = -math.inf, None
-    for step, acc in accs:
-        if collapse is None and acc < best_so_far - drop:
-            collapse = step
-        best_so_far = max(best_so_far, acc)
-    min_ess = min(ess, key=lambda x: x[1]) if ess else (None, None)
-    return {
-        "base": accs[0][1] if accs else None,
-        "final": accs[-1][1] if accs else None,
-        "best": max(a for _, a in accs) if accs else None,
-        "min_ess": min_ess[1],
-        "min_ess_step": min_ess[0],
-        "max_k3": max((float(r["kl/k3"]) for r in records if r.get("kl/k3") is not None), default=None),
-        "collapse": collapse,
-        "alarms": int(sum(float(r.get("guard/alarm") or 0) for r in records)),
-        "rollbacks": int(max((float(r.get("guard/rollbacks") or 0) for r in records), default=0)),
-        "steps": sum(1 for r in records if "reward/mean" in r),
-    }
-
-
-def _fmt(x: Any, digits: int = 3) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory of the runs (one subdirectory each)")
-    parser.add_argument("--methods", nargs="+", required=True, help="method names; NAME:k=v,k=v for per-method "
-                        "overrides")
+def main(argv: list[str] | None = None) -> int:
+    """Parse the historical arguments, run the equivalent sweep; returns the exit status."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="the sweep's out_dir (one subdirectory per run)")
+    parser.add_argument("--methods", nargs="+", required=True, help="method names; NAME:k=v,k=v for a variant")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
+    parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: CPU cores), one thread each")
     parser.add_argument("--drop", type=float, default=0.15, help="accuracy drop below the best so far = collapse")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and what would be done, run nothing")
     parser.add_argument("overrides", nargs="*", help="key=value for every run (after --)")
-    args = parser.parse_args()
-    methods = [parse_method(m) for m in args.methods]
-    args.out.mkdir(parents=True, exist_ok=True)
-    exe = Path(sys.executable).with_name("steadyrl")
-
-    def run(name: str, overrides: list[str], seed: int) -> tuple[str, int, float]:
-        out = args.out / f"{name}-s{seed}"
-        records = read_metrics(out / METRICS_FILE)
-        if records and "reward/mean" not in records[-1] and records[-1].get("eval/acc") is not None:
-            return name, seed, 0.0  # finished earlier
-        cmd = [str(exe), "train", *args.overrides, *overrides, f"seed={seed}", f"out_dir={out}",
-               "runtime.threads=1", "log.progress=false", "overwrite=true"]
-        t0 = time.perf_counter()
-        with open(args.out / f"{name}-s{seed}.log", "w") as log:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-        if rc != 0:
-            print(f"{name} seed {seed}: exit {rc}, see {args.out / f'{name}-s{seed}.log'}", flush=True)
-        took = time.perf_counter() - t0
-        print(f"done {name} seed {seed} in {took:.0f} s", flush=True)
-        return name, seed, took
-
-    jobs = [(name, ov, seed) for seed in args.seeds for name, ov in methods]
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(lambda j: run(*j), jobs))
-
-    header = ("| method | seed | base | final | best | min ESS ratio (step) | max k3 | collapsed at | "
-              "guard alarms / rollbacks |")
-    lines = [f"Overrides: `{' '.join(args.overrides)}`; collapse = accuracy {args.drop:g} below the run's best so far.",
-             "", header, "|" + "---|" * 9]
-    means: dict[str, list[dict[str, Any]]] = {}
-    for name, _ in methods:
-        for seed in args.seeds:
-            s = summarize_run(read_metrics(args.out / f"{name}-s{seed}" / METRICS_FILE), args.drop)
-            means.setdefault(name, []).append(s)
-            ess = f"{_fmt(s['min_ess'])} ({_fmt(s['min_ess_step'])})"
-            lines.append(f"| {name} | {seed} | {_fmt(s['base'])} | {_fmt(s['final'])} | {_fmt(s['best'])} | {ess} | "
-                         f"{_fmt(s['max_k3'])} | {_fmt(s['collapse'])} | {s['alarms']} / {s['rollbacks']} |")
-    lines += ["", "| method | mean final | mean best | mean min ESS | collapsed runs |", "|---|---|---|---|---|"]
-    for name, runs in means.items():
-        def mean(key: str, runs: list[dict[str, Any]] = runs) -> float | None:
-            vals = [r[key] for r in runs if r[key] is not None]
-            return statistics.mean(vals) if vals else None
-
-        collapsed = sum(r["collapse"] is not None for r in runs)
-        lines.append(f"| {name} | {_fmt(mean('final'))} | {_fmt(mean('best'))} | {_fmt(mean('min_ess'))} | "
-                     f"{collapsed}/{len(runs)} |")
-    table = "\n".join(lines)
-    (args.out / "table.md").write_text(table + "\n")
-    print(table)
+    args = parser.parse_args(argv)
+    try:
+        base = {".".join(parts): value for parts, value in map(parse_override, args.overrides)}
+        sweep = SweepConfig(out_dir=args.out, grid={"method": [method_value(m) for m in args.methods]}, base=base,
+                            seeds=args.seeds, jobs=args.jobs, collapse_drop=args.drop)
+    except (ConfigError, ValueError) as err:
+        parser.error(str(err))
+    return run_sweep(sweep, dry_run=args.dry_run)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

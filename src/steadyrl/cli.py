@@ -28,10 +28,24 @@ def _demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
+def _sweep(argv: list[str]) -> int:
+    from steadyrl.sweep.entry import sweep_main
+
+    return sweep_main(argv)
+
+
+def _report(argv: list[str]) -> int:
+    from steadyrl.sweep.entry import report_main
+
+    return report_main(argv)
+
+
 COMMANDS = {
     "methods": (_methods, "list the methods (objectives, corrections, baselines, controllers) and their papers"),
     "demo": (_demo, "every method's loss on synthetic stale rollouts at several lags (seconds, no model)"),
     "train": (_train, "RL-train a causal LM on a verifiable task at a chosen policy lag"),
+    "sweep": (_sweep, "run a grid of train runs (methods x lags x seeds) in parallel; results.csv, summary"),
+    "report": (_report, "one self-contained HTML report (embedded plots) of a sweep or run directory"),
 }
 
 

@@ -1,0 +1,45 @@
+"""``python -m steadyrl.sweep.child PARENT_PID steadyrl-args...``: a sweep's worker process.
+
+It runs the ``steadyrl`` command with the remaining arguments, after asking Linux to send it SIGTERM when the sweep
+process (``PARENT_PID``) dies (``prctl(PR_SET_PDEATHSIG)``), so that a sweep killed without a chance to clean up
+(SIGKILL, a crash) leaves no orphan runs. Elsewhere it simply runs the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+
+#: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
+PR_SET_PDEATHSIG = 1
+#: Exit status when the sweep was already gone before the worker started.
+EXIT_ORPHANED = 3
+
+
+def die_with_parent(parent_pid: int) -> bool:
+    """Ask for SIGTERM when the parent dies (Linux); False when the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        # without prctl, run anyway: the sweep still stops its workers itself
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    return os.getppid() == parent_pid
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``PARENT_PID`` then the arguments of the ``steadyrl`` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or not argv[0].isdigit():
+        print("usage: python -m steadyrl.sweep.child PARENT_PID COMMAND [args...]", file=sys.stderr)
+        return 2
+    if not die_with_parent(int(argv[0])):
+        return EXIT_ORPHANED
+    from steadyrl.cli import main as cli_main
+
+    return cli_main(argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,266 @@
+"""Run a sweep's ``steadyrl train`` runs as parallel subprocesses: resumable, with progress, stoppable with Ctrl-C.
+
+Before anything starts, each run directory is classified (:func:`plan_jobs`):
+
+* **skip**: its metrics.jsonl ends with the final eval line (``step == steps``, or an earlier one after the collapse
+  guard stopped the run);
+* **resume**: it has some lines and a checkpoint: ``steadyrl train ... resume=true`` continues it;
+* **fresh**: otherwise (no run, or a partial one without a checkpoint): ``overwrite=true`` starts it afresh.
+
+A directory whose ``config.yaml`` belongs to a different config (another config hash) is an error, listed with the
+differing keys: the sweep never silently mixes two experiments.
+
+:func:`execute` keeps ``jobs`` runs going at once, each a process of its own (``python -m steadyrl.sweep.child``,
+``OMP_NUM_THREADS`` = ``threads``), output to ``<run>/train.log``. The progress bar counts learner steps of all runs
+to do (its ETA) and shows runs done / running / left. The workers run in their own sessions, so a terminal's Ctrl-C
+reaches only the sweep, which then sends each worker one SIGINT (``steadyrl train`` stops after its current step and
+checkpoints), waits up to ``grace_s`` seconds, and kills what is left; a second Ctrl-C kills them at once. SIGTERM to
+the sweep does the same. A worker also gets SIGTERM if the sweep dies without cleaning up (Linux, see
+:mod:`steadyrl.sweep.child`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from tqdm.auto import tqdm
+
+from steadyrl.sweep.config import RunSpec, SweepError, config_differences, config_hash
+from steadyrl.sweep.results import is_train_record, run_status
+from steadyrl.train.checkpoint import list_checkpoints
+from steadyrl.train.configio import ConfigError, load_config, read_yaml
+from steadyrl.train.metrics import METRICS_FILE, read_metrics
+
+#: Each run's combined stdout and stderr, in its directory.
+LOG_FILE = "train.log"
+#: ``config.yaml`` as ``steadyrl train`` writes it.
+RUN_CONFIG = "config.yaml"
+#: Seconds between looks at the workers.
+POLL_S = 0.5
+#: Seconds a worker gets after SIGTERM before SIGKILL.
+TERM_WAIT_S = 5.0
+#: Exit status of a run stopped by Ctrl-C (``steadyrl train`` returns it too).
+EXIT_INTERRUPTED = 130
+
+Action = Literal["skip", "resume", "fresh"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """A planned run and what to do with it."""
+
+    spec: RunSpec
+    action: Action
+    status: str
+    """The directory's status before the sweep (see :func:`steadyrl.sweep.results.run_status`)."""
+    steps_done: int
+    """Learner-step lines already in its metrics.jsonl."""
+
+
+@dataclass
+class Outcome:
+    """What :func:`execute` did."""
+
+    returncodes: dict[str, int] = field(default_factory=dict)
+    """Run name -> exit status of its worker (130: stopped by Ctrl-C)."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    interrupted: bool = False
+
+    @property
+    def failed(self) -> list[str]:
+        """Runs whose worker exited with an error (not counting Ctrl-C)."""
+        return [n for n, rc in self.returncodes.items() if rc not in (0, EXIT_INTERRUPTED)]
+
+
+def _existing_hash(run_dir: Path) -> tuple[str, dict[str, Any]] | None:
+    path = run_dir / RUN_CONFIG
+    if not path.is_file():
+        return None
+    from steadyrl.train.config import TrainConfig
+
+    try:
+        cfg = load_config(TrainConfig, path=path)
+    except ConfigError:
+        data = read_yaml(path)
+        return "unreadable", data
+    return config_hash(cfg), cfg.model_dump(mode="json")
+
+
+def plan_job(spec: RunSpec) -> Job:
+    """Classify one run directory (see the module docstring); raises :class:`SweepError` on a config mismatch."""
+    run_dir = spec.out_dir
+    existing = _existing_hash(run_dir)
+    if existing is not None and existing[0] != spec.entry.config_hash:
+        diff = config_differences(existing[1], spec.config.model_dump(mode="json"))
+        raise SweepError(f"{run_dir} holds a run of a different config ({'; '.join(diff) or 'unreadable config'})")
+    records = read_metrics(run_dir / METRICS_FILE)
+    status = run_status(records, spec.entry.steps, run_dir)
+    done = sum(1 for r in records if is_train_record(r))
+    if status in ("finished", "stopped"):
+        return Job(spec, "skip", status, done)
+    if status == "partial" and list_checkpoints(run_dir):
+        return Job(spec, "resume", status, done)
+    return Job(spec, "fresh", status, 0)
+
+
+def plan_jobs(specs: Sequence[RunSpec]) -> list[Job]:
+    """Classify every run; all config mismatches are reported together in one :class:`SweepError`."""
+    jobs, errors = [], []
+    for spec in specs:
+        try:
+            jobs.append(plan_job(spec))
+        except SweepError as err:
+            errors.append(str(err))
+    if errors:
+        shown = "\n  ".join(errors[:10]) + (f"\n  ... and {len(errors) - 10} more" if len(errors) > 10 else "")
+        one = len(errors) == 1
+        raise SweepError(f"{len(errors)} run director{'y holds' if one else 'ies hold'} results of another config; "
+                         f"delete {'it' if one else 'them'} or choose another out_dir:\n  {shown}")
+    return jobs
+
+
+def train_command(job: Job) -> list[str]:
+    """The worker's command line: ``steadyrl train CONFIG overrides... resume=true|overwrite=true``."""
+    flag = "resume=true" if job.action == "resume" else "overwrite=true"
+    return [sys.executable, "-m", "steadyrl.sweep.child", str(os.getpid()), "train", str(job.spec.config_path),
+            *job.spec.overrides, flag]
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class _Worker:
+    job: Job
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+    started: float
+    lines0: int
+
+
+def _stop_workers(workers: Sequence[_Worker], grace_s: float, say: Callable[[str], None]) -> None:
+    """SIGINT to each worker, wait up to ``grace_s`` for them to checkpoint, then SIGTERM, then SIGKILL."""
+    alive = [w for w in workers if w.proc.poll() is None]
+    if not alive:
+        return
+    say(f"[steadyrl sweep] stopping {len(alive)} run(s): each checkpoints after its current step "
+        f"(up to {grace_s:.0f} s; Ctrl-C again to kill them now)")
+    try:
+        for w in alive:
+            w.proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + grace_s
+        while any(w.proc.poll() is None for w in alive) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for w in alive:
+            if w.proc.poll() is None:
+                w.proc.terminate()
+        deadline = time.monotonic() + TERM_WAIT_S
+        for w in alive:
+            try:
+                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+
+
+def execute(
+    jobs: Sequence[Job],
+    *,
+    n_jobs: int,
+    threads: int = 1,
+    grace_s: float = 120.0,
+    progress: bool = True,
+    command: Callable[[Job], list[str]] = train_command,
+    say: Callable[[str], None] = tqdm.write,
+    poll_s: float = POLL_S,
+) -> Outcome:
+    """Run the jobs that are not ``skip``, ``n_jobs`` at a time; returns their exit statuses (see module doc)."""
+    todo = [j for j in jobs if j.action != "skip"]
+    outcome = Outcome()
+    if not todo:
+        return outcome
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    total_steps = sum(max(0, j.spec.entry.steps - j.steps_done) for j in todo)
+    pending = list(todo)
+    running: list[_Worker] = []
+    finished_steps = 0
+    with tqdm(total=total_steps, disable=not progress, unit="step", desc="sweep", dynamic_ncols=True) as bar, \
+            _sigterm_as_interrupt():
+        try:
+            while pending or running:
+                while pending and len(running) < n_jobs:
+                    job = pending.pop(0)
+                    run_dir = job.spec.out_dir
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    log = open(run_dir / LOG_FILE, "ab" if job.action == "resume" else "wb")  # noqa: SIM115
+                    proc = subprocess.Popen(command(job), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+                    running.append(_Worker(job, proc, log, time.monotonic(),
+                                           _count_lines(run_dir / METRICS_FILE)))
+                for w in [w for w in running if w.proc.poll() is not None]:
+                    running.remove(w)
+                    w.log.close()
+                    name, rc = w.job.spec.entry.name, int(w.proc.returncode)
+                    outcome.returncodes[name] = rc
+                    outcome.seconds[name] = time.monotonic() - w.started
+                    finished_steps += max(0, w.job.spec.entry.steps - w.job.steps_done)
+                    took = f"{outcome.seconds[name]:.0f} s"
+                    if rc == 0:
+                        say(f"[steadyrl sweep] done {name} ({took})")
+                    else:
+                        say(f"[steadyrl sweep] FAILED {name}: exit status {rc} after {took}; see "
+                            f"{w.job.spec.out_dir / LOG_FILE}")
+                current = sum(min(max(0, _count_lines(w.job.spec.out_dir / METRICS_FILE) - w.lines0),
+                                  w.job.spec.entry.steps - w.job.steps_done) for w in running)
+                bar.n = min(total_steps, finished_steps + current)
+                bar.set_description_str(f"sweep: runs {len(outcome.returncodes)} done, {len(running)} running, "
+                                        f"{len(pending)} left", refresh=False)
+                bar.refresh()
+                if pending or running:
+                    time.sleep(poll_s)
+        except BaseException as exc:  # Ctrl-C, SIGTERM, or a failure of the sweep itself: no orphan workers
+            outcome.interrupted = isinstance(exc, KeyboardInterrupt)
+            _stop_workers(running, grace_s if outcome.interrupted else 0.0, say)
+            for w in running:
+                w.log.close()
+                outcome.returncodes[w.job.spec.entry.name] = int(w.proc.returncode)
+                outcome.seconds[w.job.spec.entry.name] = time.monotonic() - w.started
+            if not outcome.interrupted:
+                raise
+    return outcome
