@@ -1,0 +1,127 @@
+"""The paper-claim tables of docs/results.md, from finished sweeps (``steadyrl sweep claims_lag``, ``claims_masking``).
+
+Reads every run directory under the given sweep directories (names ``method=M,lag=K,seed=S``), and prints markdown
+tables, one row per (method, lag), mean ± 95% Student-t interval over seeds:
+
+* claim 1/2 (``claims_lag``): final and best eval accuracy, runs collapsed (eval 0.15 below the run's best so far),
+  min per-batch ESS ratio, max mismatch k3, and the onsets: first step with a per-batch ESS ratio below 0.05, first
+  step with k3 above 1, first collapsed eval;
+* claim 4 (``claims_lag``): mean cos(g_t, g_{t−1}) over steps 20..end, and the fraction of steps with cos > 0.2;
+* claim 3 (``claims_masking``): mean and max masked fraction (``is/masked_frac`` for geo_mis, ``m2po/masked_frac`` for
+  m2po) over steps, the fraction of steps masking > 90% of tokens, final eval accuracy.
+
+    .venv/bin/python benchmarks/claims.py runs/claims_lag runs/claims_masking
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from steadyrl.sweep.results import collapse_step
+from steadyrl.sweep.stats import mean_ci
+from steadyrl.train.metrics import METRICS_FILE, read_metrics
+
+MASK_KEYS = {"geo_mis": "is/masked_frac", "m2po": "m2po/masked_frac"}
+
+
+def parse_name(name: str) -> dict[str, str]:
+    """``method=vcpo,lag=64,seed=0`` → {method: vcpo, lag: 64, seed: 0}."""
+    return dict(part.split("=", 1) for part in name.split(",") if "=" in part)
+
+
+def first_step(records: Sequence[dict[str, Any]], test: Callable[[dict[str, Any]], bool]) -> int | None:
+    return next((int(r["step"]) for r in records if "reward/mean" in r and test(r)), None)
+
+
+def run_stats(records: list[dict[str, Any]], method: str) -> dict[str, Any]:
+    train = [r for r in records if "reward/mean" in r]
+    evals = [(int(r["step"]), float(r["eval/acc"])) for r in records if r.get("eval/acc") is not None]
+    ess = [float(r["is/ess_ratio"]) for r in train if r.get("is/ess_ratio") is not None]
+    k3 = [float(r["kl/k3"]) for r in train if r.get("kl/k3") is not None]
+    cos = [float(r["grad/cos_prev"]) for r in train if r.get("grad/cos_prev") is not None and int(r["step"]) >= 20]
+    out: dict[str, Any] = {
+        "final": evals[-1][1] if evals else None,
+        "best": max(a for _, a in evals) if evals else None,
+        "collapse": collapse_step(evals),
+        "min_ess": min(ess) if ess else None,
+        "max_k3": max(k3) if k3 else None,
+        "ess_onset": first_step(train, lambda r: r.get("is/ess_ratio") is not None and r["is/ess_ratio"] < 0.05),
+        "kl_onset": first_step(train, lambda r: r.get("kl/k3") is not None and r["kl/k3"] > 1.0),
+        "cos_mean": statistics.mean(cos) if cos else None,
+        "cos_high": sum(c > 0.2 for c in cos) / len(cos) if cos else None,
+    }
+    key = MASK_KEYS.get(method)
+    masked = [float(r[key]) for r in train if key and r.get(key) is not None]
+    if masked:
+        out |= {"mask_mean": statistics.mean(masked), "mask_max": max(masked),
+                "mask_90": sum(m > 0.9 for m in masked) / len(masked)}
+    return out
+
+
+def pm(values: Sequence[float | None], digits: int = 3) -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "-"
+    if len(vals) == 1:
+        return f"{vals[0]:.{digits}f}"
+    ci = mean_ci(vals)
+    return f"{ci.mean:.{digits}f} ± {ci.half_width:.{digits}f}"
+
+
+def onsets(values: Sequence[int | None]) -> str:
+    return ", ".join("-" if v is None else str(v) for v in values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories")
+    args = parser.parse_args()
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for sweep in args.sweeps:
+        for run in sorted(p for p in sweep.iterdir() if p.is_dir()):
+            keys = parse_name(run.name)
+            records = read_metrics(run / METRICS_FILE)
+            finished = bool(records) and "reward/mean" not in records[-1] and records[-1].get("eval/acc") is not None
+            if not finished or "method" not in keys:
+                continue  # still running, or not a run
+            stats = run_stats(records, keys["method"]) | {"seed": int(keys.get("seed", 0))}
+            groups[keys["method"], int(keys.get("lag", 0))].append(stats)
+    lag_rows = sorted(k for k in groups if k[0] not in MASK_KEYS)
+    print("### Claims 1 and 2: accuracy, ESS and KL against lag\n")
+    print("| method | lag | seeds | final acc | best acc | collapsed | min ESS ratio | max k3 | "
+          "first ESS < 0.05 (per seed) | first k3 > 1 | collapsed at |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for key in lag_rows:
+        runs = sorted(groups[key], key=lambda s: s["seed"])
+        print(f"| {key[0]} | {key[1]} | {len(runs)} | {pm([r['final'] for r in runs])} | "
+              f"{pm([r['best'] for r in runs])} | {sum(r['collapse'] is not None for r in runs)}/{len(runs)} | "
+              f"{pm([r['min_ess'] for r in runs])} | {pm([r['max_k3'] for r in runs], 2)} | "
+              f"{onsets([r['ess_onset'] for r in runs])} | {onsets([r['kl_onset'] for r in runs])} | "
+              f"{onsets([r['collapse'] for r in runs])} |")
+    print("\n### Claim 4: consecutive-gradient cosine, sync vs async\n")
+    print("| method | lag | seeds | mean cos(g_t, g_{t−1}), steps ≥ 20 | steps with cos > 0.2 |")
+    print("|---|---|---|---|---|")
+    for key in lag_rows:
+        runs = groups[key]
+        print(f"| {key[0]} | {key[1]} | {len(runs)} | {pm([r['cos_mean'] for r in runs])} | "
+              f"{pm([r['cos_high'] for r in runs])} |")
+    mask_rows = sorted(k for k in groups if k[0] in MASK_KEYS)
+    if mask_rows:
+        print("\n### Claim 3: masked fraction against lag\n")
+        print("| method | lag | seeds | mean masked fraction | max masked fraction | steps masking > 90% | "
+              "final acc | collapsed |")
+        print("|---|---|---|---|---|---|---|---|")
+        for key in mask_rows:
+            runs = groups[key]
+            print(f"| {key[0]} | {key[1]} | {len(runs)} | {pm([r.get('mask_mean') for r in runs])} | "
+                  f"{pm([r.get('mask_max') for r in runs])} | {pm([r.get('mask_90') for r in runs])} | "
+                  f"{pm([r['final'] for r in runs])} | {sum(r['collapse'] is not None for r in runs)}/{len(runs)} |")
+
+
+if __name__ == "__main__":
+    main()
