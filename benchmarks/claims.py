@@ -7,7 +7,7 @@ tables, one row per (method, lag), mean ± 95% Student-t interval over seeds:
   min per-batch ESS ratio, max mismatch k3, and the onsets: first step with a per-batch ESS ratio below 0.05, first
   step with k3 above 1, first collapsed eval;
 * claim 4 (``claims_lag``): mean cos(g_t, g_{t−1}) over steps 20..end, and the fraction of steps with cos > 0.2;
-* claim 3 (``claims_masking``): mean and max masked fraction (``is/masked_frac`` for geo_mis, ``m2po/masked_frac`` for
+* claim 3 (``claims_masking``): mean and max masked fraction (``geo_mis/masked_frac``, ``m2po/masked_frac`` for
   m2po) over steps, the fraction of steps masking > 90% of tokens, final eval accuracy.
 
     .venv/bin/python benchmarks/claims.py runs/claims_lag runs/claims_masking
@@ -26,7 +26,7 @@ from steadyrl.sweep.results import collapse_step
 from steadyrl.sweep.stats import mean_ci
 from steadyrl.train.metrics import METRICS_FILE, read_metrics
 
-MASK_KEYS = {"geo_mis": "is/masked_frac", "m2po": "m2po/masked_frac"}
+MASK_KEYS = {"geo_mis": "geo_mis/masked_frac", "m2po": "m2po/masked_frac"}
 
 
 def parse_name(name: str) -> dict[str, str]:
