@@ -88,7 +88,9 @@ def test_execute_runs_the_jobs_in_parallel_and_reports_failures(tmp_path: Path) 
 
 
 DRIVER = textwrap.dedent("""
-    import sys, textwrap
+    import signal, sys, textwrap
+    # A test run launched in the background inherits SIGINT ignored; the driver stands for an interactive sweep.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from pathlib import Path
     from steadyrl.sweep.config import SweepConfig, expand
     from steadyrl.sweep.runner import execute, plan_jobs

@@ -116,6 +116,15 @@ def test_interrupted_and_resumed_runs_write_the_same_metrics(tiny_overrides: lis
 
 
 def test_first_ctrl_c_sets_the_flag_and_second_raises() -> None:
+    # A test run launched in the background inherits SIGINT ignored; this test stands for an interactive terminal.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _first_ctrl_c_then_second()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _first_ctrl_c_then_second() -> None:
     with StopFlag() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.requested
