@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from steadyrl.train.configio import ConfigError, format_help
+from steadyrl.train.configio import ConfigError, format_help, parse_command_line, resolve_named_file, shipped_yaml
 
 if TYPE_CHECKING:
     from steadyrl.sweep.config import SweepConfig
@@ -52,40 +52,18 @@ EXIT_INTERRUPTED = 130
 
 def shipped_sweeps() -> dict[str, Path]:
     """The sweeps shipped in ``steadyrl/configs/sweeps``, by name (file name without ``.yaml``)."""
-    root = resources.files("steadyrl.configs").joinpath("sweeps")
-    if not root.is_dir():
-        return {}
-    return {p.name.removesuffix(".yaml"): Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")}
+    return shipped_yaml(resources.files("steadyrl.configs").joinpath("sweeps"))
 
 
 def resolve_sweep_path(arg: str) -> Path:
     """``arg`` as a file if it exists, else the shipped sweep of that name; otherwise a ``ConfigError``."""
-    path = Path(arg)
-    if path.is_file():
-        return path
-    shipped = shipped_sweeps()
-    if arg in shipped:
-        return shipped[arg]
-    names = ", ".join(sorted(shipped)) or "none"
-    if path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
-        raise ConfigError(f"sweep file {arg!r} does not exist (shipped sweeps, usable by name: {names})")
-    raise ConfigError(f"sweep {arg!r} is neither a file nor a shipped sweep ({names})")
+    return resolve_named_file(arg, shipped_sweeps(), kind="sweep")
 
 
 def _parse(argv: list[str]) -> tuple[Path | None, list[str], bool]:
-    path, overrides, dry_run = None, [], False
-    for arg in argv:
-        if arg == "--dry-run":
-            dry_run = True
-        elif arg.startswith("-"):
-            raise ConfigError(f"unknown option {arg!r} (see steadyrl sweep --help)")
-        elif "=" in arg:
-            overrides.append(arg)
-        elif path is None:
-            path = resolve_sweep_path(arg)
-        else:
-            raise ConfigError(f"more than one sweep file: {str(path)!r} and {arg!r}; other settings are key=value")
-    return path, overrides, dry_run
+    return parse_command_line(
+        argv, flag="--dry-run", command="steadyrl sweep", kind="sweep", resolve=resolve_sweep_path
+    )
 
 
 def _say(message: str) -> None:

@@ -380,3 +380,46 @@ def _help_lines(model: type[BaseModel], prefix: str, indent: str, defaults: Base
 def format_help(model: type[BaseModel]) -> str:
     """Every key of ``model``: dotted name, type, bounds, default and description (generated from the model)."""
     return "\n".join(_help_lines(model, "", "  "))
+
+
+# ------------------------------------------------------------------------------------- command lines of YAML commands
+def shipped_yaml(root: Any) -> dict[str, Path]:
+    """The ``*.yaml`` files in a package resource directory ``root``, by name (file name without ``.yaml``)."""
+    if not root.is_dir():
+        return {}
+    return {p.name.removesuffix(".yaml"): Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")}
+
+
+def resolve_named_file(arg: str, shipped: Mapping[str, Path], *, kind: str) -> Path:
+    """``arg`` as a file if it exists, else the shipped ``kind`` of that name; otherwise a ``ConfigError``."""
+    path = Path(arg)
+    if path.is_file():
+        return path
+    if arg in shipped:
+        return shipped[arg]
+    names = ", ".join(sorted(shipped)) or "none"
+    if path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        raise ConfigError(f"{kind} file {arg!r} does not exist (shipped {kind}s, usable by name: {names})")
+    raise ConfigError(f"{kind} {arg!r} is neither a file nor a shipped {kind} ({names})")
+
+
+def parse_command_line(
+    argv: list[str], *, flag: str, command: str, kind: str, resolve: Any
+) -> tuple[Path | None, list[str], bool]:
+    """``[FILE_OR_NAME] [key=value ...] [flag]`` → (path or None, overrides, whether ``flag`` was given).
+
+    ``resolve`` turns the one positional argument into a path (:func:`resolve_named_file`); errors name the option.
+    """
+    path, overrides, flagged = None, [], False
+    for arg in argv:
+        if arg == flag:
+            flagged = True
+        elif arg.startswith("-"):
+            raise ConfigError(f"unknown option {arg!r} (see {command} --help)")
+        elif "=" in arg:
+            overrides.append(arg)
+        elif path is None:
+            path = resolve(arg)
+        else:
+            raise ConfigError(f"more than one {kind} file: {str(path)!r} and {arg!r}; other settings are key=value")
+    return path, overrides, flagged

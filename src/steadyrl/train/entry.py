@@ -15,7 +15,14 @@ from typing import Any
 from torch import nn
 
 from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import ConfigError, format_help, load_config
+from steadyrl.train.configio import (
+    ConfigError,
+    format_help,
+    load_config,
+    parse_command_line,
+    resolve_named_file,
+    shipped_yaml,
+)
 
 USAGE = """usage: steadyrl train [CONFIG] [key=value ...] [--print-config]
 
@@ -60,38 +67,18 @@ def run(cfg: TrainConfig) -> Any:
 
 def shipped_configs() -> dict[str, Path]:
     """The configs shipped in ``steadyrl/configs``, by name (file name without ``.yaml``)."""
-    root = resources.files("steadyrl.configs")
-    return {p.name.removesuffix(".yaml"): Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")}
+    return shipped_yaml(resources.files("steadyrl.configs"))
 
 
 def resolve_config_path(arg: str) -> Path:
     """``arg`` as a file if it exists, else the shipped config of that name; otherwise a ``ConfigError``."""
-    path = Path(arg)
-    if path.is_file():
-        return path
-    shipped = shipped_configs()
-    if arg in shipped:
-        return shipped[arg]
-    names = ", ".join(sorted(shipped))
-    if path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
-        raise ConfigError(f"config file {arg!r} does not exist (shipped configs, usable by name: {names})")
-    raise ConfigError(f"config {arg!r} is neither a file nor a shipped config ({names})")
+    return resolve_named_file(arg, shipped_configs(), kind="config")
 
 
 def _parse(argv: list[str]) -> tuple[Path | None, list[str], bool]:
-    path, overrides, print_config = None, [], False
-    for arg in argv:
-        if arg == "--print-config":
-            print_config = True
-        elif arg.startswith("-"):
-            raise ConfigError(f"unknown option {arg!r} (see steadyrl train --help)")
-        elif "=" in arg:
-            overrides.append(arg)
-        elif path is None:
-            path = resolve_config_path(arg)
-        else:
-            raise ConfigError(f"more than one config file: {path!r} and {arg!r}; other settings are key=value")
-    return path, overrides, print_config
+    return parse_command_line(
+        argv, flag="--print-config", command="steadyrl train", kind="config", resolve=resolve_config_path
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
