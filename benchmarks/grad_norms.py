@@ -14,8 +14,6 @@ step costs without any per-trajectory norm), for scale.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -24,22 +22,12 @@ from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_mod
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import TokenBatch
 from steadyrl.train.grad_norms import GRAD_NORM_METHODS, per_trajectory_grad_sq_norms
+from timing import timed
 
 
 def _lengths(spec: str, n: int, generator: torch.Generator) -> torch.Tensor:
     low, high = (int(x) for x in spec.split("-"))
     return torch.randint(low, high + 1, (n,), generator=generator)
-
-
-def _median_seconds(fn: Callable[[], None], *, repeats: int) -> float:
-    """Median wall time of ``repeats`` calls after one untimed call (first-call overheads)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def random_batch(*, n: int, prompt_len: str, response_len: str, vocab: int, seed: int) -> TokenBatch:
@@ -90,7 +78,7 @@ def main() -> None:
         torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
 
     runs = {method: norms(method) for method in args.methods.split(",")} | {"step": step}
-    seconds = {name: _median_seconds(fn, repeats=args.repeats) for name, fn in runs.items()}
+    seconds = {name: timed(fn, repeats=args.repeats).median for name, fn in runs.items()}
     base = seconds[next(iter(seconds))]
     reference = results.get("naive")
     print(f"{'method':<8} {'ms':>10} {'x ghost':>9} {'max rel diff vs naive':>22}")

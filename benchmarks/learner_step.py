@@ -33,19 +33,9 @@ from steadyrl.rollout.sampler import generate
 from steadyrl.tasks import build_task
 from steadyrl.train.config import OptimConfig, TrainConfig
 from steadyrl.train.learner import Learner
+from timing import timed
 
 DEFAULT_METHODS = "grpo,seq_tis,seq_tis+ess_lr,seq_tis+gac,vcpo,vcpo@ghost,vcpo@naive"
-
-
-def _median_seconds(fn, *, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -75,7 +65,7 @@ def main() -> None:
 
     rollouts = sample()
     rewards = (torch.arange(len(rollouts)) % 3 == 0).float()
-    sample_s = _median_seconds(sample, repeats=args.repeats, warmup=args.warmup)
+    sample_s = timed(sample, repeats=args.repeats, warmup=args.warmup).median
     B, T = rollouts.response_ids.shape
     print(f"default model: {params / 1e6:.2f}M parameters, {args.threads} thread(s); batch {args.prompts} prompts "
           f"x G={args.group_size} = {B} responses, T={T} tokens")

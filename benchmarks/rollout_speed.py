@@ -18,10 +18,6 @@ one stops after its answer (about 4 tokens on chain_sum), which lowers tokens/s 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -29,28 +25,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from steadyrl.models import ModelConfig, TinyArchConfig, build_char_tokenizer, build_tiny_model, load_policy
 from steadyrl.rollout import Rollouts, generate, sequence_logprobs
 from steadyrl.tasks import ChainSumConfig, build_task
+from timing import timed
 
 #: Timed repeats of each measurement (after one warm-up run).
 REPEATS = 5
-
-
-class Timing(NamedTuple):
-    """Median and spread of the repeats of one measurement, in seconds."""
-
-    median: float
-    low: float
-    high: float
-
-
-def timed(fn: Callable[[], object], *, repeats: int) -> Timing:
-    """Run ``fn`` once to warm up, then ``repeats`` times; return the median, min and max wall time."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return Timing(statistics.median(times), min(times), max(times))
 
 
 def load(kind: str, *, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

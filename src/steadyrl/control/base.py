@@ -14,6 +14,11 @@ from steadyrl.methods.spec import GAC, EssStepSize, MethodSpec
 SKIP_STEP = "control/skip_step"
 
 
+def flat_grad(params: Sequence[Tensor]) -> Tensor:
+    """All gradients as one float32 vector (zeros for a parameter without a gradient)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+
+
 @runtime_checkable
 class Controller(Protocol):
     """A step-level hook around ``optimizer.step()``."""

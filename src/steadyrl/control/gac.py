@@ -14,13 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from steadyrl.control.base import SKIP_STEP
+from steadyrl.control.base import SKIP_STEP, flat_grad
 from steadyrl.core import gac as core_gac
 from steadyrl.methods.spec import GAC
-
-
-def _flat_grad(params: Sequence[Tensor]) -> Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
 
 
 def _write_back(params: Sequence[Tensor], flat: Tensor) -> None:
@@ -42,7 +38,7 @@ class GradientAlignmentController:
     def before_step(
         self, *, optimizer: torch.optim.Optimizer, params: Sequence[Tensor], metrics: Mapping[str, Tensor]
     ) -> dict[str, Tensor]:
-        grad = _flat_grad(params)
+        grad = flat_grad(params)
         kwargs: dict[str, Any] = {"alpha": self.spec.alpha, "skip_action": self.spec.skip_action}
         if self.spec.tau_proj is not None:
             kwargs["tau_proj"] = self.spec.tau_proj

@@ -37,9 +37,9 @@ from steadyrl.core.masking import masked_mean
 from steadyrl.models.cache import build_once, cache_key, models_dir
 from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
 from steadyrl.models.tokenizer import build_char_tokenizer
+from steadyrl.rollout.accuracy import sampled_accuracy_of
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import TokenBatch, trim_padding
-from steadyrl.rollout.sampler import generate
 from steadyrl.tasks import Problem, Task
 
 #: Metadata file of a warm-start cache entry (written last: its presence marks a complete entry).
@@ -140,23 +140,10 @@ def sampled_accuracy(
     generator: torch.Generator,
 ) -> float:
     """Mean score of one sampled completion per problem (``task.score``; 1 right, 0 wrong)."""
-    was_training = model.training
-    model.eval()
-    try:
-        rollouts = generate(
-            model,
-            tokenizer,
-            [p.prompt for p in problems],
-            group_size=1,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            generator=generator,
-            version=0,
-        )
-    finally:
-        model.train(was_training)
-    scores = [task.score(p, text) for p, text in zip(problems, rollouts.texts, strict=True)]
-    return sum(scores) / len(scores)
+    return sampled_accuracy_of(
+        model, tokenizer, task=task, problems=problems, max_new_tokens=max_new_tokens, temperature=temperature,
+        generator=generator,
+    ).acc
 
 
 def warm_start(

@@ -8,12 +8,12 @@ weights agree exactly and successive evaluations share their random numbers (les
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import nn
 
-from steadyrl.rollout.sampler import generate
+from steadyrl.rollout.accuracy import Accuracy, sampled_accuracy_of
 from steadyrl.tasks import Problem, Task
 from steadyrl.train.config import EvalConfig
 
@@ -21,12 +21,8 @@ from steadyrl.train.config import EvalConfig
 GREEDY_TOP_K = 1
 
 
-class EvalResult(NamedTuple):
-    """Accuracy (mean score) on the eval set and the mean response length in tokens."""
-
-    acc: float
-    len_mean: float
-    n: int
+#: Accuracy, mean response length and number of problems of one evaluation.
+EvalResult = Accuracy
 
 
 def evaluate(
@@ -41,26 +37,8 @@ def evaluate(
     version: int,
 ) -> EvalResult:
     """Score one response per problem; ``cfg`` sets greedy/temperature and the prompts per generate call."""
-    was_training = model.training
-    model.eval()
-    total, tokens = 0.0, 0
-    try:
-        for start in range(0, len(problems), cfg.batch_size):
-            chunk = problems[start : start + cfg.batch_size]
-            out = generate(
-                model,
-                tokenizer,
-                [p.prompt for p in chunk],
-                group_size=1,
-                max_new_tokens=max_new_tokens,
-                temperature=1.0 if cfg.greedy else cfg.temperature,
-                top_k=GREEDY_TOP_K if cfg.greedy else 0,
-                generator=generator,
-                version=version,
-            )
-            total += sum(task.score(p, text) for p, text in zip(chunk, out.texts, strict=True))
-            tokens += int(out.response_mask.sum())
-    finally:
-        model.train(was_training)
-    n = len(problems)
-    return EvalResult(acc=total / n, len_mean=tokens / n, n=n)
+    return sampled_accuracy_of(
+        model, tokenizer, task=task, problems=problems, max_new_tokens=max_new_tokens, generator=generator,
+        temperature=1.0 if cfg.greedy else cfg.temperature, top_k=GREEDY_TOP_K if cfg.greedy else 0,
+        version=version, batch_size=cfg.batch_size,
+    )  # fmt: skip

@@ -36,7 +36,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from steadyrl.control.base import SKIP_STEP, Controller
+from steadyrl.control.base import SKIP_STEP, Controller, flat_grad
 from steadyrl.control.gac import GradientAlignmentController
 from steadyrl.core.gac import grad_cosine
 from steadyrl.methods import compute_loss
@@ -61,11 +61,6 @@ class LearnerOutput(NamedTuple):
     applied: int
     skipped: int
     reasons: list[str]
-
-
-def flat_grad(params: Sequence[Tensor]) -> Tensor:
-    """All gradients as one float32 vector (zeros for a parameter without a gradient)."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
 
 
 def aggregate_metrics(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
