@@ -75,10 +75,10 @@ class _StopAt:
     def __init__(self, inner: Any, stop: StopFlag, step: int) -> None:
         self.inner, self.stop, self.step = inner, stop, step
 
-    def sample(self, *, step: int, prompts: list[str]) -> Any:
+    def next_batch(self, *, step: int) -> Any:
         if step == self.step:
             self.stop.request()
-        return self.inner.sample(step=step, prompts=prompts)
+        return self.inner.next_batch(step=step)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

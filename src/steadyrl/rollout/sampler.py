@@ -19,7 +19,7 @@ Confidence: [exact] (μ is defined by this code; no paper formula involved).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -76,6 +76,7 @@ def generate(
     use_cache: bool = True,
     record_entropy: bool = False,
     eos_token_ids: Sequence[int] | None = None,
+    before_forward: Callable[[], int] | None = None,
 ) -> Rollouts:
     """Sample ``group_size`` responses for each prompt; N = ``len(prompts) * group_size`` rows.
 
@@ -91,6 +92,11 @@ def generate(
         use_cache: decode with a KV cache (default); False re-runs the whole sequence each step (for tests).
         record_entropy: also return the entropy of the sampling distribution at each step (``behav_entropy``).
         eos_token_ids: tokens that end a response (default: the tokenizer's ``eos_token_id``).
+        before_forward: in-flight weight updates (PipelineRL/AReaL partial rollouts): called before the prefill and
+            before every decode forward; it may load newer weights into ``model`` in place and returns the version
+            of the weights that forward will use. Each token records the version of the forward whose logits it was
+            drawn from (the KV cache of earlier tokens is kept, as those systems do). None: every token has
+            ``version``.
 
     Returns:
         :class:`Rollouts` with ``T`` = the longest response (≤ ``max_new_tokens``); ``behav_logp`` is
@@ -123,6 +129,7 @@ def generate(
             generator=generator,
             use_cache=use_cache,
             record_entropy=record_entropy,
+            before_forward=before_forward or (lambda: version),
         )
     return _assemble(
         steps,
@@ -131,7 +138,6 @@ def generate(
         tokenizer=tokenizer,
         stop_ids=stop,
         pad_id=pad_id,
-        version=version,
         group_size=group_size,
     )
 
@@ -144,6 +150,7 @@ class _Steps:
     logps: list[Tensor] = field(default_factory=list)
     alive: list[Tensor] = field(default_factory=list)  # the row had not stopped before this step
     entropies: list[Tensor] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # version of the forward each step's token was drawn from
     stopped: Tensor | None = None  # [N] the row emitted a stop token
 
 
@@ -159,8 +166,10 @@ def _decode(
     generator: torch.Generator,
     use_cache: bool,
     record_entropy: bool,
+    before_forward: Callable[[], int],
 ) -> _Steps:
     cache_kw = {cache_kwarg(model): DynamicCache(config=model.config)} if use_cache else {}
+    logits_version = before_forward()
     out = model(  # prefill each distinct prompt once, then repeat its logits and KV cache G times
         input_ids=prompts.ids,
         attention_mask=prompts.mask.long(),
@@ -185,6 +194,7 @@ def _decode(
         if record_entropy:
             steps.entropies.append(entropy_from_log_probs(log_mu))
         steps.alive.append(~finished)
+        steps.versions.append(logits_version)
         token = token.masked_fill(finished, pad_id)
         steps.tokens.append(token)
         finished = finished | torch.isin(token, stop_ids)
@@ -192,6 +202,7 @@ def _decode(
             break
         seq_ids = torch.cat([seq_ids, token.unsqueeze(-1)], dim=-1)
         seq_mask = torch.cat([seq_mask, torch.ones_like(finished).unsqueeze(-1)], dim=-1)
+        logits_version = before_forward()
         if use_cache:  # feed only the new token at position prompt_len + t
             out = model(
                 input_ids=token.unsqueeze(-1),
@@ -222,7 +233,6 @@ def _assemble(
     tokenizer: PreTrainedTokenizerBase,
     stop_ids: Tensor,
     pad_id: int,
-    version: int,
     group_size: int,
 ) -> Rollouts:
     response_ids = torch.stack(steps.tokens, dim=-1)
@@ -230,7 +240,8 @@ def _assemble(
     N = response_ids.shape[0]
     zeros = torch.zeros_like(response_ids, dtype=torch.float32)
     behav_logp = torch.where(response_mask, torch.stack(steps.logps, dim=-1), zeros)
-    versions = torch.where(response_mask, torch.full_like(response_ids, version), PAD_VERSION)
+    step_versions = torch.tensor(steps.versions, dtype=response_ids.dtype, device=response_ids.device)
+    versions = torch.where(response_mask, step_versions.expand_as(response_ids), PAD_VERSION)
     entropy = None
     if steps.entropies:
         entropy = torch.where(response_mask, torch.stack(steps.entropies, dim=-1), zeros)

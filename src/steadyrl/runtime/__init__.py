@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from steadyrl.runtime.lag import LagSampler, LagSchedule, Snapshot, SnapshotRing
+    from steadyrl.runtime.lag import LagSampler, LagSchedule, LagSource, Snapshot, SnapshotRing
 
-__all__ = ["LagSampler", "LagSchedule", "Snapshot", "SnapshotRing"]
+__all__ = ["LagSampler", "LagSchedule", "LagSource", "Snapshot", "SnapshotRing"]
 
 
 def __getattr__(name: str) -> Any:

@@ -27,6 +27,7 @@ Sampling is seeded per step (``generator(seed, "sample", t)``), so a run and a r
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -36,6 +37,9 @@ from torch import Tensor, nn
 
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
+from steadyrl.rollout.scored import ScoredRollouts, score_rollouts
+from steadyrl.runtime.order import problem_order
+from steadyrl.tasks import Problem, Task
 from steadyrl.train.seeding import generator
 
 if TYPE_CHECKING:
@@ -240,3 +244,56 @@ class LagSampler:
         """Restore :meth:`state_dict`."""
         self.ring.load_state_dict(state["ring"])
         self._loaded = None
+
+
+class LagSource:
+    """``runtime.mode=lag`` as the training loop sees it: step t takes slots t·P … t·P+P−1 of the problem order
+    (:mod:`steadyrl.runtime.order`), the :class:`LagSampler` samples them with the weights its schedule names, and
+    the task's verifier scores them."""
+
+    def __init__(self, sampler: LagSampler, *, task: Task, train_pool: list[Problem], prompts_per_step: int,
+                 seed: int) -> None:  # fmt: skip
+        self.sampler = sampler
+        self.task = task
+        self.train_pool = train_pool
+        self.prompts_per_step = prompts_per_step
+        self.seed = seed
+
+    @classmethod
+    def from_config(
+        cls, cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, task: Task, train_pool: list[Problem],
+        record_entropy: bool,
+    ) -> LagSource:  # fmt: skip
+        """The source ``cfg`` describes."""
+        sampler = LagSampler.from_config(cfg, model=model, tokenizer=tokenizer, record_entropy=record_entropy)
+        return cls(sampler, task=task, train_pool=train_pool, prompts_per_step=cfg.prompts_per_step, seed=cfg.seed)
+
+    def publish(self, *, step: int, version: int, model: nn.Module) -> None:
+        """See :meth:`LagSampler.publish`."""
+        self.sampler.publish(step=step, version=version, model=model)
+
+    def next_batch(self, *, step: int) -> ScoredRollouts:
+        """The scored batch of learner step ``step``."""
+        idx = problem_order(step, pool=len(self.train_pool), per_step=self.prompts_per_step, seed=self.seed)
+        problems = [self.train_pool[i] for i in idx]
+        t0 = time.perf_counter()
+        rollouts = self.sampler.sample(step=step, prompts=[p.prompt for p in problems])
+        t1 = time.perf_counter()
+        rewards = score_rollouts(self.task, problems, rollouts)
+        t2 = time.perf_counter()
+        return ScoredRollouts(rollouts, rewards, {"time/sample_s": t1 - t0, "time/score_s": t2 - t1})
+
+    def restart(self, *, step: int, version: int, model: nn.Module) -> None:
+        """See :meth:`LagSampler.restart`."""
+        self.sampler.restart(step=step, version=version, model=model)
+
+    def state_dict(self) -> dict[str, Any]:
+        """See :meth:`LagSampler.state_dict`."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """See :meth:`LagSampler.load_state_dict`."""
+        self.sampler.load_state_dict(state)
+
+    def close(self) -> None:
+        """Nothing to release (one process)."""

@@ -7,25 +7,12 @@ process (``PARENT_PID``) dies (``prctl(PR_SET_PDEATHSIG)``), so that a sweep kil
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
-import signal
 import sys
 
-#: ``PR_SET_PDEATHSIG`` from ``<linux/prctl.h>``.
-PR_SET_PDEATHSIG = 1
+from steadyrl.runtime.procs import die_with_parent
+
 #: Exit status when the sweep was already gone before the worker started.
 EXIT_ORPHANED = 3
-
-
-def die_with_parent(parent_pid: int) -> bool:
-    """Ask for SIGTERM when the parent dies (Linux); False when the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        # without prctl, run anyway: the sweep still stops its workers itself
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    return os.getppid() == parent_pid
 
 
 def main(argv: list[str] | None = None) -> int:

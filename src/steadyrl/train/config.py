@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from steadyrl.methods.resolve import required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
 from steadyrl.models import ModelConfig
+from steadyrl.pool.config import PoolConfig
 from steadyrl.tasks.config import ChainSumConfig, TaskConfig
 from steadyrl.train.critic import CriticConfig
 from steadyrl.train.guard import GuardConfig
@@ -161,18 +162,41 @@ class CheckpointConfig(_Section):
 
 
 class RuntimeConfig(_Section):
-    """How rollouts are produced. ``lag`` is the deterministic exact-lag emulation (one process)."""
+    """How rollouts are produced: ``lag`` (exact-lag emulation, one process), ``local`` (concurrent sampler processes
+    on this machine) or ``ray`` (sampler actors on a Ray cluster). See docs/runtime.md."""
 
-    mode: Literal["lag"] = Field("lag", description="lag: deterministic emulation of a sampler running ahead of the "
-                                 "learner (the only mode of this version).")
+    mode: Literal["lag", "local", "ray"] = Field(
+        "lag",
+        description="lag: deterministic emulation of a sampler running exactly `lag` steps ahead (one process); "
+        "local: runtime.samplers sampler processes run concurrently with the learner, staleness comes from real "
+        "timing and the pool.* policy; ray: the same roles as Ray actors (runtime.ray_address).",
+    )
     schedule: Literal["pipeline", "periodic"] = Field(
         "pipeline",
-        description="pipeline: step t samples with the weights of step max(0, t − lag) (PipelineRL-k); periodic: the "
-        "sampler takes the learner's weights every refresh_every steps (OAPL's setting).",
+        description="lag mode: pipeline: step t samples with the weights of step max(0, t − lag) (PipelineRL-k); "
+        "periodic: the sampler takes the learner's weights every refresh_every steps (OAPL's setting).",
     )
     refresh_every: int = Field(50, ge=1, le=MAX_STEPS, description="Steps between sampler refreshes (periodic only).")
-    threads: int = Field(2, ge=0, le=1024, description="torch CPU threads (0: torch's default), also used by the "
-                         "warm start. Byte-identical metrics need the same thread count.")
+    threads: int = Field(2, ge=0, le=1024, description="torch CPU threads of the learner process (0: torch's "
+                         "default), also used by the warm start. Byte-identical metrics need the same thread count.")
+    samplers: int = Field(1, ge=1, le=1024, description="local/ray: number of sampler processes (actors).")
+    sampler_threads: int = Field(1, ge=1, le=1024, description="local/ray: torch CPU threads of each sampler.")
+    sampler_batch: int = Field(0, ge=0, le=MAX_BATCH, description="local/ray: groups (prompts) a sampler generates "
+                               "per call (0: prompts_per_step / samplers, at least 1).")
+    sync: bool = Field(False, description="local/ray: synchronous mode in the same runtime: samplers generate step "
+                       "t's batch only after the learner published step t's weights, and the learner waits for it "
+                       "(lag 0; the fair baseline for wall-clock comparisons).")
+    inflight: bool = Field(True, description="local/ray: in-flight weight updates: a sampler loads newer weights "
+                           "between decode steps of a batch (the KV cache is kept) and every token records the "
+                           "version that produced it (PipelineRL, AReaL). False: weights change only between calls.")
+    stall_timeout_s: float = Field(600.0, gt=0, le=1e6, description="local/ray: the learner gives up with an error "
+                                   "after waiting this long for a batch with no group arriving.")
+    ray_address: str | None = Field(None, description="ray: address of an existing cluster (e.g. 'ray://head:10001' "
+                                    "or 'auto'); None starts a local Ray with num_cpus = samplers + 1, no dashboard.")
+
+    def resolved_sampler_batch(self, prompts_per_step: int) -> int:
+        """``sampler_batch`` with 0 resolved to its default."""
+        return self.sampler_batch or max(1, prompts_per_step // self.samplers)
 
 
 class LogConfig(_Section):
@@ -220,6 +244,8 @@ class TrainConfig(_Section):
     log: LogConfig = Field(default_factory=LogConfig, description="Logging outputs.")
     guard: GuardConfig = Field(default_factory=GuardConfig, description="Collapse guard: watch ESS ratio, mismatch "
                                "KL and gradient norm; warn, stop or roll back on alarm.")
+    pool: PoolConfig = Field(default_factory=PoolConfig, description="local/ray: the rollout pool between samplers "
+                             "and learner, and its staleness policy.")
 
     @model_validator(mode="after")
     def _minibatches_divide_prompts(self) -> TrainConfig:
@@ -236,6 +262,28 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"lag ({self.lag}) applies to runtime.schedule=pipeline; the periodic schedule's staleness is set by "
                 "runtime.refresh_every (set lag=0)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lag_belongs_to_lag_mode(self) -> TrainConfig:
+        if self.runtime.mode != "lag" and self.lag != 0:
+            raise ValueError(
+                f"lag ({self.lag}) sets the exact staleness of runtime.mode=lag; in runtime.mode={self.runtime.mode} "
+                "staleness comes from real timing: set lag=0 and bound it with pool.policy=max_staleness "
+                "pool.max_staleness=S (or runtime.sync=true for lag 0)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _pool_sizes_fit_the_batch(self) -> TrainConfig:
+        P = self.prompts_per_step
+        if self.pool.resolved_capacity(P) < P:
+            raise ValueError(f"pool.capacity ({self.pool.capacity}) must be >= prompts_per_step ({P}) or 0 (default)")
+        if self.pool.resolved_target(P) < P:
+            raise ValueError(
+                f"pool.target_occupancy ({self.pool.target_occupancy}) must be >= prompts_per_step ({P}) or 0 "
+                "(default: 2 × prompts_per_step)"
             )
         return self
 

@@ -12,8 +12,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
 from steadyrl.train.config import TrainConfig
 from steadyrl.train.configio import (
     ConfigError,
@@ -51,18 +49,35 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-def lag_source(cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, record_entropy: bool) -> Any:
-    """The rollout source of ``runtime.mode=lag``."""
-    from steadyrl.runtime.lag import LagSampler
+def lag_source(cfg: TrainConfig, **kw: Any) -> Any:
+    """The rollout source of ``runtime.mode=lag`` (keywords: see :class:`steadyrl.train.loop.SourceFactory`)."""
+    from steadyrl.runtime.lag import LagSource
 
-    return LagSampler.from_config(cfg, model=model, tokenizer=tokenizer, record_entropy=record_entropy)
+    return LagSource.from_config(cfg, **kw)
+
+
+def local_source(cfg: TrainConfig, **kw: Any) -> Any:
+    """The rollout source of ``runtime.mode=local``: sampler processes on this machine."""
+    from steadyrl.runtime.local import LocalSource
+
+    return LocalSource.from_config(cfg, **kw)
+
+
+def ray_source(cfg: TrainConfig, **kw: Any) -> Any:
+    """The rollout source of ``runtime.mode=ray``: sampler actors on a Ray cluster."""
+    from steadyrl.runtime.ray import RaySource
+
+    return RaySource.from_config(cfg, **kw)
+
+
+SOURCES = {"lag": lag_source, "local": local_source, "ray": ray_source}
 
 
 def run(cfg: TrainConfig) -> Any:
     """Train with the runtime ``cfg.runtime.mode`` names; returns :class:`steadyrl.train.loop.RunResult`."""
     from steadyrl.train.loop import train
 
-    return train(cfg, make_source=lag_source)
+    return train(cfg, make_source=SOURCES[cfg.runtime.mode])
 
 
 def shipped_configs() -> dict[str, Path]:

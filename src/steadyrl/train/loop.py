@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from steadyrl.control import build_controllers
 from steadyrl.models import load_policy
-from steadyrl.rollout.rollouts import Rollouts
+from steadyrl.rollout.scored import ScoredRollouts
 from steadyrl.tasks import Problem, Task, build_task
 from steadyrl.train import checkpoint as ckpt
 from steadyrl.train.config import TrainConfig
@@ -60,14 +60,14 @@ RESUMABLE_KEYS = ("steps", "resume", "overwrite", "log", "checkpoint", "eval", "
 
 
 class RolloutSource(Protocol):
-    """Where the learner's batches come from (a runtime)."""
+    """Where the learner's batches come from (a runtime: :mod:`steadyrl.runtime`)."""
 
     def publish(self, *, step: int, version: int, model: nn.Module) -> None:
         """The learner's weights at the start of ``step`` (called for step 0 and after every step)."""
         ...
 
-    def sample(self, *, step: int, prompts: list[str]) -> Rollouts:
-        """The batch of learner step ``step``: ``group_size`` responses per prompt, prompt i's in rows i·G … i·G+G−1."""
+    def next_batch(self, *, step: int) -> ScoredRollouts:
+        """The scored batch of learner step ``step``: whole groups, group i's rows at i·G … i·G+G−1."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -83,11 +83,18 @@ class RolloutSource(Protocol):
         (the collapse guard's rollback)."""
         ...
 
+    def close(self) -> None:
+        """Release processes and files (called once, also after an error)."""
+        ...
+
 
 class SourceFactory(Protocol):
-    """Builds the rollout source of a run once the policy is loaded."""
+    """Builds the rollout source of a run once the policy, the task and its train problems are loaded."""
 
-    def __call__(self, cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, record_entropy: bool) -> RolloutSource:
+    def __call__(
+        self, cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, task: Task, train_pool: list[Problem],
+        record_entropy: bool,
+    ) -> RolloutSource:  # fmt: skip
         ...
 
 
@@ -198,18 +205,6 @@ class StopFlag:
             self._previous = None
 
 
-def problem_order(step: int, *, pool: int, per_step: int, seed: int) -> list[int]:
-    """Indices into the train pool for ``step``: positions step·P … step·P+P−1 of a seeded permutation per epoch."""
-    out: list[int] = []
-    perms: dict[int, list[int]] = {}
-    for pos in range(step * per_step, (step + 1) * per_step):
-        epoch, i = divmod(pos, pool)
-        if epoch not in perms:
-            perms[epoch] = torch.randperm(pool, generator=generator(seed, "order", epoch)).tolist()
-        out.append(perms[epoch][i])
-    return out
-
-
 def _say(message: str) -> None:
     tqdm.write(message)
 
@@ -292,8 +287,11 @@ class _Run:
             critic=cfg.critic,
         )
         record_entropy = any(c.type == "estr" for c in self.method.corrections)
-        self.source = make_source(cfg, model=self.model, tokenizer=self.tokenizer, record_entropy=record_entropy)
         self.pool: list[Problem] = self.task.problems("train", cfg.data.train_pool, seed=cfg.seed)
+        self.source = make_source(
+            cfg, model=self.model, tokenizer=self.tokenizer, task=self.task, train_pool=self.pool,
+            record_entropy=record_entropy,
+        )  # fmt: skip
         self.eval_set: list[Problem] = self.task.problems("eval", cfg.eval.n, seed=cfg.seed)
         self.guard = CollapseGuard(
             cfg.guard, out_dir=Path(cfg.out_dir), model=self.model, learner=self.learner, base_lr=cfg.lr, say=_say
@@ -343,35 +341,27 @@ class _Run:
         return step == 0 or (every > 0 and step % every == 0)
 
     def step(self, t: int) -> dict[str, Any]:
-        cfg = self.cfg
         t_start = time.perf_counter()
         record: dict[str, Any] = {"step": t, "version": self.learner.version}
         if self.is_eval_step(t):
             record |= self.eval_record()
-        idx = problem_order(t, pool=len(self.pool), per_step=cfg.prompts_per_step, seed=cfg.seed)
-        problems = [self.pool[i] for i in idx]
         t0 = time.perf_counter()
-        rollouts = self.source.sample(step=t, prompts=[p.prompt for p in problems])
+        batch = self.source.next_batch(step=t)
+        rollouts, rewards = batch.rollouts, batch.rewards
         t1 = time.perf_counter()
-        groups = rollouts.group_ids.tolist()
-        rewards = torch.tensor(
-            [self.task.score(problems[g], text) for g, text in zip(groups, rollouts.texts, strict=True)],
-            dtype=torch.float32,
-        )
-        t2 = time.perf_counter()
         out = self.learner.step(rollouts, rewards)
-        t3 = time.perf_counter()
+        t2 = time.perf_counter()
         lengths = rollouts.response_mask.sum(dim=-1).float()
         record |= out.metrics
+        record |= batch.metrics
         record |= {
             "sample/version": int(rollouts.versions.max()),
             "reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std(unbiased=False)),
             "response/len_mean": float(lengths.mean()),
             "response/truncated": float(rollouts.truncated.float().mean()),
-            "time/sample_s": t1 - t0,
-            "time/score_s": t2 - t1,
-            "time/learn_s": t3 - t2,
+            "time/batch_s": t1 - t0,
+            "time/learn_s": t2 - t1,
         }
         self.source.publish(step=t + 1, version=self.learner.version, model=self.model)
         record["time/step_s"] = time.perf_counter() - t_start
@@ -451,6 +441,7 @@ def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None
             writer.write({"step": t, "version": run.learner.version, **run.eval_record()})
     finally:
         writer.close()
+        run.source.close()
     records = read_metrics(out_dir / METRICS_FILE)
     if cfg.log.plot:
         title = f"{cfg.task.name} · {cfg.method.name} · lag {cfg.lag} · seed {cfg.seed}"

@@ -1,0 +1,31 @@
+"""A batch ready for the learner: rollouts, their verifier rewards, and what the runtime measured producing them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from steadyrl.rollout.rollouts import Rollouts
+from steadyrl.tasks import Problem, Task
+
+
+class ScoredRollouts(NamedTuple):
+    """What a runtime hands the learner for one step."""
+
+    rollouts: Rollouts
+    rewards: Float[Tensor, " N"]
+    """float32, one per row."""
+    metrics: dict[str, float]
+    """Runtime metrics of this batch (``time/sample_s``, ``lag/gen_mean``, ``pool/occupancy``, ...)."""
+
+
+def score_rollouts(task: Task, problems: Sequence[Problem], rollouts: Rollouts) -> Float[Tensor, " N"]:
+    """The task's verifier reward of each row; row i answers ``problems[rollouts.group_ids[i]]``."""
+    groups = rollouts.group_ids.tolist()
+    return torch.tensor(
+        [task.score(problems[g], text) for g, text in zip(groups, rollouts.texts, strict=True)], dtype=torch.float32
+    )

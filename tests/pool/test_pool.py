@@ -1,0 +1,138 @@
+"""Pool records, policies (fifo, drop, max_staleness, PACE) and the learner-side pool, against loop references."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from steadyrl.pool import GroupRecord, PoolConfig, RolloutPool, pace_scores, select
+from steadyrl.pool.pool import DuplicateRolloutError
+from steadyrl.rollout.rollouts import PAD_VERSION, Rollouts
+
+
+def record(gid: int, versions: list[list[int]], *, completed_at: float = 0.0) -> GroupRecord:
+    """A group whose row i has tokens with ``versions[i]`` (padding after), rewards = row index."""
+    G, T = len(versions), max(len(v) for v in versions)
+    mask = torch.tensor([[t < len(v) for t in range(T)] for v in versions])
+    ver = torch.tensor([v + [PAD_VERSION] * (T - len(v)) for v in versions])
+    rollouts = Rollouts(
+        prompt_ids=torch.ones(G, 2, dtype=torch.long),
+        prompt_mask=torch.ones(G, 2, dtype=torch.bool),
+        response_ids=torch.where(mask, 3, 0),
+        response_mask=mask,
+        behav_logp=torch.where(mask, -1.0, 0.0),
+        versions=ver,
+        group_ids=torch.zeros(G, dtype=torch.long),
+        truncated=torch.zeros(G, dtype=torch.bool),
+        texts=["x"] * G,
+        pad_id=0,
+    )
+    return GroupRecord(
+        group_id=gid, problem_index=gid, rollouts=rollouts, rewards=torch.arange(G, dtype=torch.float32), sampler=0,
+        started_at=0.0, completed_at=completed_at,
+    )  # fmt: skip
+
+
+def test_generation_staleness_is_the_token_weighted_gap_to_completion() -> None:
+    r = record(0, [[3, 3, 5], [4, 5], [5]])
+    assert (r.v_start, r.v_complete) == (3, 5)
+    # reference: (1/L_i) Σ_t (v_complete − v_t)
+    want = [((5 - 3) + (5 - 3) + 0) / 3, (1 + 0) / 2, 0.0]
+    assert r.generation_staleness().tolist() == pytest.approx(want)
+
+
+def test_pace_score_is_waiting_plus_lambda_generation_staleness() -> None:
+    rs = [record(0, [[3, 5], [5, 5]]), record(1, [[6], [6]])]
+    got = pace_scores(rs, v_now=8, lam=0.5).tolist()
+    ref0 = ((8 - 5) + 0.5 * 1.0 + (8 - 5) + 0.5 * 0.0) / 2
+    ref1 = float(8 - 6)
+    assert got == pytest.approx([ref0, ref1])
+
+
+def test_fifo_takes_the_earliest_and_waits_for_a_full_batch() -> None:
+    rs = [record(i, [[0]]) for i in range(5)]
+    sel = select(rs, cfg=PoolConfig(), v_now=9, batch_groups=3)
+    assert [r.group_id for r in sel.batch] == [0, 1, 2] and [r.group_id for r in sel.remaining] == [3, 4]
+    assert not sel.dropped and not sel.rejected
+    assert select(rs[:2], cfg=PoolConfig(), v_now=9, batch_groups=3).batch is None
+
+
+@pytest.mark.parametrize("policy", ["drop", "max_staleness"])
+def test_drop_discards_groups_whose_oldest_token_is_too_stale(policy: str) -> None:
+    rs = [record(0, [[1, 5]]), record(1, [[4]]), record(2, [[6]]), record(3, [[2]])]
+    sel = select(rs, cfg=PoolConfig(policy=policy, max_staleness=3), v_now=6, batch_groups=2)
+    assert [r.group_id for r in sel.dropped] == [0, 3]  # lags 5 and 4 > 3; the oldest token counts
+    assert [r.group_id for r in sel.batch] == [1, 2]
+
+
+def test_pace_rejects_the_excess_with_the_highest_scores() -> None:
+    rs = [record(0, [[5]]), record(1, [[1]]), record(2, [[7]]), record(3, [[2]]), record(4, [[1]])]
+    cfg = PoolConfig(policy="pace", target_occupancy=3)
+    sel = select(rs, cfg=cfg, v_now=8, batch_groups=2)
+    # scores (WS only, single tokens) 3, 7, 1, 6, 7: budget 2 rejects the two 7s (ties: earlier arrival first)
+    assert [r.group_id for r in sel.rejected] == [1, 4]
+    assert [r.group_id for r in sel.batch] == [0, 2] and [r.group_id for r in sel.remaining] == [3]
+    # at or under the target nothing is rejected
+    assert not select(rs[:3], cfg=cfg, v_now=8, batch_groups=2).rejected
+
+
+@given(
+    v_starts=st.lists(st.integers(0, 20), min_size=0, max_size=30),
+    s=st.integers(0, 10),
+    P=st.integers(1, 6),
+    target_extra=st.integers(0, 10),
+)
+def test_policy_invariants(v_starts: list[int], s: int, P: int, target_extra: int) -> None:
+    rs = [record(i, [[v, v + 1]]) for i, v in enumerate(v_starts)]
+    v_now = 22
+    for policy in ("fifo", "drop", "max_staleness", "pace"):
+        cfg = PoolConfig(policy=policy, max_staleness=s, target_occupancy=P + target_extra)
+        sel = select(rs, cfg=cfg, v_now=v_now, batch_groups=P)
+        out = (sel.batch or []) + sel.remaining + sel.dropped + sel.rejected
+        assert sorted(r.group_id for r in out) == list(range(len(rs)))  # nothing lost, nothing duplicated
+        if policy in ("drop", "max_staleness"):
+            assert all(v_now - r.v_start <= s for r in (sel.batch or []) + sel.remaining)
+        if policy == "pace":
+            assert len(sel.rejected) == max(0, len(rs) - cfg.target_occupancy)
+            kept = pace_scores((sel.batch or []) + sel.remaining, v_now=v_now, lam=1.0)
+            gone = pace_scores(sel.rejected, v_now=v_now, lam=1.0)
+            if len(kept) and len(gone):
+                assert float(gone.min()) >= float(kept.max())
+
+
+def test_pool_refuses_an_id_twice_and_reports_staleness_metrics() -> None:
+    pool = RolloutPool(PoolConfig(policy="drop", max_staleness=2), batch_groups=2)
+    now = time.time()
+    pool.add(record(0, [[1], [1]], completed_at=now))
+    with pytest.raises(DuplicateRolloutError, match="group 0 arrived twice"):
+        pool.add(record(0, [[1], [1]]))
+    pool.add(record(1, [[4, 5], [5]], completed_at=now))
+    pool.add(record(2, [[5], [5, 5]], completed_at=now))
+    batch, discarded = pool.take(v_now=6)
+    assert [r.group_id for r in discarded] == [0]  # lag 5 > 2
+    assert [r.group_id for r in batch.records] == [1, 2]
+    assert batch.rollouts.group_ids.tolist() == [0, 0, 1, 1] and batch.rewards.tolist() == [0, 1, 0, 1]
+    m = batch.metrics
+    assert m["pool/occupancy"] == 3 and m["pool/dropped"] == 1 and m["pool/rejected"] == 0
+    assert m["lag/wait_mean"] == pytest.approx(1.0)  # v_now − v_complete = 6 − 5 for every row
+    assert m["lag/gen_mean"] == pytest.approx((0.5 + 0 + 0 + 0) / 4)
+    assert m["lag/group_max"] == 2
+
+
+def test_pool_state_round_trips_through_torch_save(tmp_path) -> None:
+    pool = RolloutPool(PoolConfig(), batch_groups=1)
+    for i in range(3):
+        pool.add(record(i, [[i, i + 1]]))
+    pool.take(v_now=3)
+    path = tmp_path / "pool.pt"
+    torch.save(pool.state_dict(), path)
+    back = RolloutPool(PoolConfig(), batch_groups=1)
+    back.load_state_dict(torch.load(path, weights_only=True))
+    assert [r.group_id for r in back.records] == [1, 2] and back.seen == {0, 1, 2} and back.trained == {0}
+    assert torch.equal(back.records[0].rollouts.versions, pool.records[0].rollouts.versions)
+    with pytest.raises(DuplicateRolloutError):
+        back.add(record(0, [[0]]))

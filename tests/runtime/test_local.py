@@ -1,0 +1,129 @@
+"""``runtime.mode=local`` end to end on the tiny model: real sampler processes, the pool, admission, faults, resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steadyrl.runtime.local import LocalSource
+from steadyrl.train import checkpoint as ckpt
+from steadyrl.train.config import TrainConfig
+from steadyrl.train.configio import load_config
+from steadyrl.train.entry import local_source, main
+from steadyrl.train.loop import StopFlag, train
+from steadyrl.train.metrics import read_metrics
+
+pytestmark = pytest.mark.timeout(300)
+LOCAL = ["lag=0", "runtime.mode=local", "eval.every=0", "checkpoint.every=3"]
+
+
+class Hooked:
+    """A local source that calls ``hook(source, step)`` after each batch it hands out."""
+
+    def __init__(self, inner: LocalSource, hook: Any) -> None:
+        self.inner, self.hook = inner, hook
+        self.batches: list[list[int]] = []
+
+    def next_batch(self, *, step: int) -> Any:
+        batch = self.inner.next_batch(step=step)
+        self.batches.append(list(self.inner.last_batch_ids))
+        self.hook(self.inner, step)
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def run(tiny: list[str], out: Path, *extra: str, hook: Any = None, stop: StopFlag | None = None) -> tuple[Any, Hooked]:
+    cfg = load_config(TrainConfig, overrides=[*tiny, *LOCAL, f"out_dir={out}", *extra])
+    made: list[Hooked] = []
+
+    def factory(cfg: TrainConfig, **kw: Any) -> Any:
+        made.append(Hooked(local_source(cfg, **kw), hook or (lambda s, t: None)))
+        return made[-1]
+
+    return train(cfg, make_source=factory, stop=stop), made[0]
+
+
+def steps_of(out: Path) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+
+
+def test_sync_mode_trains_on_policy(tiny_overrides: list[str], tmp_path: Path) -> None:
+    result, _ = run(tiny_overrides, tmp_path / "sync", "steps=5", "runtime.sync=true")
+    recs = steps_of(tmp_path / "sync")
+    assert result.steps_done == 5 and len(recs) == 5
+    assert all(r["lag/max"] == 0 and r["lag/gen_mean"] == 0 for r in recs)
+    assert all(r["is/ess_ratio"] == pytest.approx(1.0, abs=1e-3) for r in recs)
+
+
+def test_max_staleness_bounds_every_trained_sample(tiny_overrides: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "bounded"
+    run(tiny_overrides, out, "steps=10", "pool.policy=max_staleness", "pool.max_staleness=2")
+    recs = steps_of(out)
+    assert max(r["lag/max"] for r in recs) <= 2
+    assert max(r["lag/max"] for r in recs) >= 1  # the sampler did run ahead
+    assert sum(r["pool/dropped"] for r in recs) == 0  # admission control, not dropping, kept the bound
+
+
+def test_killed_sampler_is_restarted_and_no_rollout_is_lost_or_trained_twice(
+    tiny_overrides: list[str], tmp_path: Path
+) -> None:
+    def kill(source: LocalSource, step: int) -> None:
+        if step in (2, 5):
+            os.kill(source.procs[0].pid, signal.SIGKILL)
+
+    out = tmp_path / "kill"
+    result, src = run(tiny_overrides, out, "steps=9", "pool.capacity=24", hook=kill)
+    recs = steps_of(out)
+    assert result.steps_done == 9 and recs[-1]["runtime/sampler_restarts"] >= 2
+    pool = src.inner.pool
+    P = 16
+    trained = [g for b in src.batches for g in b]
+    assert len(trained) == len(set(trained)) == 9 * P  # nothing trained twice
+    assert not pool.trained & pool.discarded
+    # every id ever claimed either arrived (trained, pooled or discarded) or is still in a live sampler's claim
+    claimed = set(range(int(src.inner.shared.next_group.value)))
+    in_flight = {g for i in range(src.inner.n) for g in src.inner._undelivered(i)}
+    assert claimed == pool.seen | in_flight
+
+
+def test_resume_continues_with_the_checkpointed_pool(tiny_overrides: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "resume"
+    run(tiny_overrides, out, "steps=6")
+    state = ckpt.load_latest(out).state
+    pooled = [int(r["group_id"]) for r in state["source"]["pool"]["records"]]
+    assert state["step"] == 6 and len(pooled) >= 16  # fifo with capacity 64: the sampler ran ahead
+    result, src = run(tiny_overrides, out, "steps=8", "resume=true")
+    assert result.steps_done == 8
+    assert src.batches[0] == pooled[:16]  # the first batch after resume is the checkpoint's oldest pooled groups
+    trained_before = set(state["source"]["pool"]["trained"].tolist())
+    assert not trained_before & {g for b in src.batches for g in b}
+
+
+def test_ctrl_c_stops_the_samplers_and_leaves_a_loadable_checkpoint(tiny_overrides: list[str], tmp_path: Path) -> None:
+    stop = StopFlag()
+    out = tmp_path / "ctrlc"
+    result, src = run(tiny_overrides, out, "steps=50", hook=lambda s, t: stop.request() if t == 3 else None, stop=stop)
+    assert result.interrupted and result.steps_done == 4
+    assert all(p is not None and not p.is_alive() for p in src.inner.procs)
+    assert not src.inner.spool.exists()
+    assert ckpt.load_latest(out).state["step"] == 4
+
+
+def test_pace_rejects_the_excess_over_its_target(tiny_overrides: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "pace"
+    run(tiny_overrides, out, "steps=8", "pool.policy=pace", "pool.target_occupancy=24", "pool.capacity=64")
+    recs = steps_of(out)
+    for r in recs:
+        assert r["pool/rejected"] == max(0, r["pool/occupancy"] - 24)
+    assert sum(r["pool/rejected"] for r in recs) > 0
+
+
+def test_lag_is_refused_outside_the_lag_runtime(tiny_overrides: list[str], tmp_path: Path, capsys) -> None:
+    assert main([*tiny_overrides, "runtime.mode=local", "lag=3", f"out_dir={tmp_path / 'x'}"]) == 2
+    assert "pool.policy=max_staleness" in capsys.readouterr().err
