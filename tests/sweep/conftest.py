@@ -10,7 +10,6 @@ from typing import Any
 import yaml
 
 from steadyrl.sweep.config import RunSpec, SweepConfig, expand
-from tests.train.conftest import tiny_overrides  # noqa: F401 - a fixture, shared with tests/train
 
 #: A cheap base for planned sweeps (configs are validated, never trained, in most tests).
 BASE = {"steps": 6, "eval.every": 2}

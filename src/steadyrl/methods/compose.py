@@ -211,7 +211,8 @@ def _objective(
     adv_tok: Tensor, adv_seq: Tensor | None, mask: Tensor, w: Tensor | None, seq_rewards: Tensor | None,
 ) -> LossOutput:  # fmt: skip
     obj = method.objective
-    common = {"logp": logp, "prox_logp": prox, "mask": mask, "agg": method.agg, "norm_len": method.norm_len}
+    norm_len = None if method.norm_len is None else float(method.norm_len)  # core annotates a float
+    common = {"logp": logp, "prox_logp": prox, "mask": mask, "agg": method.agg, "norm_len": norm_len}
     if isinstance(obj, S.PPOClip):
         return ppo.ppo_clip_loss(
             **common, advantages=adv_tok, weights=w, clip_low=obj.clip_low, clip_high=obj.clip_high,
@@ -240,7 +241,7 @@ def _objective(
         assert b.group_ids is not None
         return gmc_grpo.gmc_grpo_loss(
             logp=logp, prox_logp=prox, behav_logp=behav, advantages=a_seq, mask=mask, group_ids=b.group_ids,
-            eps=obj.eps, cap=obj.cap, agg=method.agg, norm_len=method.norm_len,
+            eps=obj.eps, cap=obj.cap, agg=method.agg, norm_len=norm_len,
         )  # fmt: skip
     assert isinstance(obj, S.OAPL) and seq_rewards is not None and b.group_ids is not None
     return oapl.oapl_loss(
@@ -302,7 +303,7 @@ def compute_loss(
     if isinstance(spec.kl, S.KLInLoss):
         assert b.ref_logp is not None
         ref = core_kl.reference_kl(logp=logp, ref_logp=b.ref_logp, mask=mask, kind=spec.kl.kind)
-        kl_term = aggregate(ref.kl, mask, spec.agg, norm_len=spec.norm_len)
+        kl_term = aggregate(ref.kl, mask, spec.agg, norm_len=None if spec.norm_len is None else float(spec.norm_len))
         loss = loss + spec.kl.beta * kl_term
         metrics.update(ref.metrics)
         metrics["loss/kl"] = kl_term.detach()

@@ -10,7 +10,7 @@ field               shape     dtype      meaning
 ``response_ids``    [N, T]    int64      sampled tokens, **right**-padded with ``pad_id``
 ``response_mask``   [N, T]    bool       True on sampled tokens, the EOS included (it is trained on); False after
 ``behav_logp``      [N, T]    float32    log μ of each sampled token under the sampling distribution; 0 at pad
-``versions``        [N, T]    int64      policy version that produced each token; −1 at pad
+``versions``        [N, T]    int64      policy version that produced each token; −1 at pad, −2 at tool output
 ``group_ids``       [N]       int64      index of the row's prompt (its group)
 ``truncated``       [N]       bool       hit ``max_new_tokens`` without EOS
 ``texts``           N         str        decoded responses, EOS and padding removed
@@ -35,6 +35,8 @@ from torch import Tensor
 
 #: Version recorded at padding positions.
 PAD_VERSION: int = -1
+#: Version recorded at tool-output tokens (written by the environment, not sampled: ``response_mask`` False there).
+TOOL_VERSION: int = -2
 
 
 class TokenBatchLike(Protocol):

@@ -127,7 +127,7 @@ class Summary(NamedTuple):
         took = f" in {seconds:.0f} s" if seconds is not None else ""
         return "\n".join(
             [
-                f"steadyrl train: {self.steps} steps of {cfg.method.name} at lag {cfg.lag} on {cfg.task.name}{took}",
+                f"steadyrl train: {self.steps} steps of {cfg.method.name} {_staleness(cfg)} on {cfg.task.name}{took}",
                 f"  eval/acc ({kind}, {cfg.eval.n} problems): base {f(self.base_acc)} -> final {f(self.final_acc)}"
                 f" (best {f(self.best_acc)})",
                 f"  min is/ess_ratio {f(self.min_ess_ratio)}, max kl/k3 {f(self.max_kl_k3)}, "
@@ -143,6 +143,17 @@ class Summary(NamedTuple):
                 f"  config:  {out_dir / CONFIG_FILE}",
             ]
         )
+
+
+def _staleness(cfg: TrainConfig) -> str:
+    """How the run's staleness arises, in a few words."""
+    rt = cfg.runtime
+    if rt.mode == "lag":
+        return f"at lag {cfg.lag}" if rt.schedule == "pipeline" else f"refreshed every {rt.refresh_every} steps"
+    if rt.sync:
+        return f"synchronous in runtime {rt.mode}"
+    bound = f" s={cfg.pool.max_staleness}" if cfg.pool.policy in ("max_staleness", "drop") else ""
+    return f"in runtime {rt.mode} (pool {cfg.pool.policy}{bound})"
 
 
 class RunResult(NamedTuple):
@@ -444,7 +455,7 @@ def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None
         run.source.close()
     records = read_metrics(out_dir / METRICS_FILE)
     if cfg.log.plot:
-        title = f"{cfg.task.name} · {cfg.method.name} · lag {cfg.lag} · seed {cfg.seed}"
+        title = f"{cfg.task.name} · {cfg.method.name} · {_staleness(cfg)} · seed {cfg.seed}"
         write_plot(records, out_dir / PLOT_FILE, title=title)
     summary = summarize(records)
     print(summary.format(cfg=cfg, out_dir=out_dir, seconds=time.perf_counter() - wall0, guard_stop=guard_stop))

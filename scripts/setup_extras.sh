@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install the optional test groups into .venv (after scripts/setup.sh): the framework adapters' packages
+# (requirements/integrations/*.txt) and Ray for runtime.mode=ray (requirements/ray.txt). Each file pins exact versions
+# and is installed with --no-deps (each file says which declared requirements it knowingly leaves unmet and why), so
+# no version of requirements.lock changes. Idempotent: a stamp keyed by the files makes a second run take a second.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+shopt -s nullglob
+files=(requirements/ray.txt requirements/integrations/*.txt)
+existing=()
+for f in "${files[@]}"; do [ -f "$f" ] && existing+=("$f"); done
+[ ${#existing[@]} -eq 0 ] && exit 0
+stamp=".venv/.steadyrl-extras"
+want="$(cat "${existing[@]}" requirements.lock | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "[setup] installing the optional test groups: ${existing[*]}" >&2
+args=()
+for f in "${existing[@]}"; do args+=(-r "$f"); done
+.venv/bin/python -m pip install --quiet --no-deps "${args[@]}"
+# the pinned core must be untouched
+.venv/bin/python - <<'PY'
+import importlib.metadata as md, pathlib, re, sys
+bad = []
+for line in pathlib.Path("requirements.lock").read_text().splitlines():
+    m = re.match(r"^([A-Za-z0-9_.\-\[\]]+)==([^\s;#]+)", line.strip())
+    if not m:
+        continue
+    name = re.sub(r"\[.*\]", "", m.group(1))
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        continue
+    if have.split("+")[0] != m.group(2).split("+")[0]:
+        bad.append(f"{name}: lock {m.group(2)}, installed {have}")
+if bad:
+    sys.exit("[setup] the optional groups changed locked versions: " + "; ".join(bad))
+PY
+echo "$want" > "$stamp"

@@ -1,0 +1,499 @@
+"""Run model-written Python in a sandbox: :func:`run_python` (one call) and :class:`SandboxPool` (N calls at once).
+
+Each call is a fresh interpreter started with an empty environment, no inherited file descriptors besides its
+stdout/stderr pipes, stdin at ``/dev/null``, in a session of its own, under a supervisor process that enforces the
+wall-clock limit and removes every process of the call afterwards; a fresh working directory is created for it and
+deleted after it. The parent reads stdout and stderr incrementally and kills the call once they pass the output cap.
+Nothing the code does ends the caller: every outcome is a :class:`ToolResult` (``error`` names what went wrong).
+Only a broken sandbox (it cannot be built at all) raises :class:`SandboxUnavailableError`. Linux only.
+
+Isolation levels (``SandboxConfig.isolation``), strongest first; ``auto`` takes ``namespaces`` when a probe call
+succeeds (the result is cached per interpreter) and otherwise ``rlimits``, with a ``RuntimeWarning``.
+
+**namespaces** (needs unprivileged user namespaces, or root; verified here both as root and as uid 65534). The code
+runs in new pid, network, mount, ipc and uts namespaces and a user namespace of its own; as root the namespaces belong
+to the initial user namespace and the code's process drops to uid/gid 65534 (nobody) first, otherwise they belong to a
+user namespace mapping only the caller's uid. Guaranteed by the kernel:
+
+* no network: the network namespace has no interface up, not even loopback (connecting to the host's 127.0.0.1
+  fails);
+* no view of, and no signal to, any process outside the call: the pid namespace holds only the call's processes
+  (``os.getppid()`` is the namespace's init, which ignores signals sent from inside);
+* the filesystem is a fresh tmpfs root with read-only binds of ``/usr``, ``/bin``, ``/lib*``, ``/sbin``, the
+  interpreter's prefix and paths, ``/etc/ld.so.*``, ``/etc/localtime``, the devices null/zero/full/random/urandom,
+  a private ``/proc``, and a private tmpfs ``/tmp`` (the working directory, ``max_file_mb`` large) — so the project,
+  home directories, the host's ``/tmp`` and environment files are invisible and nothing outside ``/tmp`` is
+  writable;
+* no capabilities (bounding, ambient, effective, permitted and inheritable sets emptied), no_new_privs: no setuid
+  binary, no mount, no way to undo the above;
+* RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE = 0, and RLIMIT_NPROC counted inside the user
+  namespace (so ``max_procs`` is per call);
+* when the call's main process exits, is killed by the timeout, or the supervisor dies, the namespace's init exits
+  and the kernel kills every process left in it: nothing outlives the call.
+
+Not guaranteed: memory held in the tmpfs ``/tmp`` is not counted by RLIMIT_AS (it is bounded by ``max_file_mb``);
+there is no seccomp filter, so the whole Linux system-call surface of an unprivileged process is reachable (a kernel
+bug there is an escape); CPU and memory are not isolated between concurrent calls beyond the per-process rlimits (no
+cgroups); the read-only binds expose whatever world-readable files ``/usr`` and the interpreter's directories hold.
+
+**rlimits** (any Linux). The code runs as a plain child process with the same rlimits and no_new_privs; when started
+as root the code's process drops to uid/gid 65534 (the supervisor stays root, so the code cannot signal or trace it,
+nor any process of another uid) — the interpreter must then be readable by that uid (set ``python``, e.g.
+``/usr/bin/python3``, if it lives under ``/root``). The supervisor is a child subreaper and kills every descendant
+after the call, including those that left the process group. An audit hook (PEP 578) in the interpreter ends the call
+(``error="blocked"``) on sockets, ctypes, ``os.kill`` outside its process group and writes outside the working
+directory. Not guaranteed: the audit hook only sees this interpreter, so a child process (``subprocess``,
+``os.system``) can open sockets, signal any process of the same uid (all concurrent calls when dropped to 65534; the
+caller itself when not root) and write wherever that uid may (without root: everything the user owns); the
+filesystem is fully readable as that uid; ``max_procs`` is counted against every task of the uid on the machine (the
+limit is set to what the uid runs at the start of the call plus ``max_procs``); a process that escapes the subreaper
+by killing it outlives the call.
+
+Error kinds: ``None`` (exit status 0), ``"timeout"`` (the wall clock passed ``timeout_s``, or the pool was closed),
+``"memory"`` (a MemoryError reached the top level), ``"cpu"`` (killed by SIGXCPU/SIGKILL at the CPU limit),
+``"output_limit"`` (stdout + stderr passed ``max_output_bytes``), ``"blocked"`` (the audit hook ended it),
+``"crash"`` (any other nonzero exit or signal: an uncaught exception, a syntax error, ``sys.exit(1)``, a segfault).
+Confidence: [exact] (no paper formula; the guarantees are those of the Linux mechanisms named above).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import selectors
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from steadyrl.tools.config import SandboxConfig
+
+#: What ended a call badly (None: it exited with status 0).
+ErrorKind = Literal["timeout", "memory", "cpu", "output_limit", "crash", "blocked"]
+
+#: uid and gid the code runs as when steadyrl runs as root (nobody / nogroup).
+SANDBOX_UID: int = 65534
+SANDBOX_GID: int = 65534
+#: Longest code accepted (bytes, UTF-8).
+MAX_CODE_BYTES: int = 1 << 20
+#: Exit statuses of the runner: ended by the audit hook / by a MemoryError.
+BLOCKED_EXIT: int = 120
+MEMORY_EXIT: int = 121
+#: The parent kills the whole call this long after ``timeout_s`` if the supervisor has not ended it by then.
+BACKSTOP_S: float = 2.0
+#: After the supervisor exits, how long the parent keeps reading pipes still held open.
+DRAIN_S: float = 0.5
+#: Open files per process.
+NOFILE: int = 256
+#: Directories bound read-only into the namespaces root (a symlink among them is recreated as the same symlink).
+SYSTEM_DIRS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_FILES: tuple[str, ...] = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
+#: Limits of the probe call that decides ``isolation="auto"``.
+PROBE_CONFIG = SandboxConfig(timeout_s=60.0, cpu_s=30)
+
+_HERE = Path(__file__).parent
+_SUPERVISOR = (_HERE / "_supervisor.py").read_text()
+_RUNNER = (_HERE / "_runner.py").read_text()
+_INFO = (
+    "import json, sys; print(json.dumps({'version': list(sys.version_info[:2]), "
+    "'paths': [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path]}))"
+)
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The sandbox cannot be built on this machine at the requested isolation level (not an outcome of the code)."""
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """Outcome of one call.
+
+    Attributes:
+        stdout, stderr: what the code printed (UTF-8, undecodable bytes replaced), cut at the output cap.
+        truncated: the output passed ``max_output_bytes`` (then ``error == "output_limit"``).
+        returncode: exit status of the code's process, or −signal when a signal ended it (−9 when the sandbox
+            killed the call).
+        error: None on exit status 0, else the kind of failure (see the module docstring).
+        duration_s: wall-clock seconds from starting the sandbox to its end.
+        isolation: the level the call ran at ("namespaces" or "rlimits").
+    """
+
+    stdout: str
+    stderr: str
+    truncated: bool
+    returncode: int
+    error: ErrorKind | None
+    duration_s: float
+    isolation: str
+
+    @property
+    def ok(self) -> bool:
+        """The code exited with status 0."""
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class _Interpreter:
+    """How to start the code's interpreter: the path to exec, its flags, and what the namespaces root must hold."""
+
+    executable: str
+    flags: tuple[str, ...]
+    binds: tuple[str, ...]
+    symlinks: tuple[tuple[str, str], ...]
+
+
+def _is_under(path: str, roots: Iterable[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+@functools.cache
+def _interpreter(python: str | None, site_packages: bool) -> _Interpreter:
+    given = python or sys.executable
+    if not os.path.isabs(given) or not os.access(given, os.X_OK):
+        raise SandboxUnavailableError(f"SandboxConfig.python must be an executable absolute path, got {given!r}")
+    executable = os.path.join(os.path.realpath(os.path.dirname(given)), os.path.basename(given))
+    flags = ("-I", "-B", "-u", "-X", "utf8") if site_packages else ("-I", "-S", "-B", "-u", "-X", "utf8")
+    probe = subprocess.run([executable, *flags, "-c", _INFO], capture_output=True, text=True, env={}, timeout=60)
+    if probe.returncode != 0:
+        raise SandboxUnavailableError(f"cannot start {executable}: {probe.stderr.strip()[-500:]}")
+    info = json.loads(probe.stdout)
+    if tuple(info["version"]) < (3, 8):
+        raise SandboxUnavailableError(
+            f"{executable} is Python {info['version']}; the sandbox needs >= 3.8 (audit hooks)"
+        )
+    symlinks = tuple((d, os.readlink(d)) for d in SYSTEM_DIRS if os.path.islink(d))
+    binds = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    binds += [f for f in SYSTEM_FILES if os.path.exists(f)]
+    extra = {os.path.realpath(p) for p in info["paths"] if p and os.path.exists(p)}
+    extra |= {os.path.dirname(executable), os.path.dirname(os.path.realpath(executable))}
+    for path in sorted(extra, key=len):  # shortest first, so a directory covers what lies below it
+        if not _is_under(path, binds) and path != "/":
+            binds.append(path)
+    return _Interpreter(executable, flags, tuple(binds), symlinks)
+
+
+def resolve_isolation(config: SandboxConfig) -> Literal["namespaces", "rlimits"]:
+    """The isolation level calls under ``config`` run at (probes once per interpreter; see the module docstring)."""
+    return _resolve(config.isolation, config.python, config.site_packages)
+
+
+@functools.cache
+def _resolve(isolation: str, python: str | None, site_packages: bool) -> Literal["namespaces", "rlimits"]:
+    if not sys.platform.startswith("linux"):
+        raise SandboxUnavailableError(f"the Python tool sandbox needs Linux (this is {sys.platform})")
+    _interpreter(python, site_packages)  # a bad interpreter is reported as such, not as a missing isolation level
+    probe = PROBE_CONFIG.model_copy(update={"python": python, "site_packages": site_packages})
+    if isolation in ("auto", "namespaces"):
+        problem = _probe(probe, "namespaces")
+        if problem is None:
+            return "namespaces"
+        if isolation == "namespaces":
+            raise SandboxUnavailableError(f"isolation='namespaces' is not available here: {problem}")
+        warnings.warn(
+            f"Linux namespaces are not available ({problem.splitlines()[-1]}); the tool sandbox falls back to "
+            "isolation='rlimits' (resource limits and an audit hook only; see steadyrl.tools.sandbox)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    problem = _probe(probe, "rlimits")
+    if problem is not None:
+        hint = ""
+        if os.geteuid() == 0:
+            hint = (
+                f"\n(as root, the code runs as uid {SANDBOX_UID}, which must be able to read the interpreter: "
+                "set SandboxConfig.python, e.g. to /usr/bin/python3)"
+            )
+        raise SandboxUnavailableError(f"isolation='rlimits' is not available here: {problem}{hint}")
+    return "rlimits"
+
+
+def _probe(config: SandboxConfig, mode: str) -> str | None:
+    """None when a trivial call runs at ``mode``, else what went wrong."""
+    try:
+        result = _run("print(6 * 7)", config, mode, None)
+    except SandboxUnavailableError as exc:
+        return str(exc)
+    if result.ok and result.stdout == "42\n":
+        return None
+    return f"the probe call ended with error={result.error}, stdout={result.stdout!r}, stderr={result.stderr[-500:]!r}"
+
+
+def run_python(code: str, *, limits: SandboxConfig | None = None) -> ToolResult:
+    """Run ``code`` in a fresh sandbox under ``limits`` (default :class:`SandboxConfig`) and wait for it.
+
+    Raises:
+        ValueError: ``code`` is longer than ``MAX_CODE_BYTES``.
+        SandboxUnavailableError: the requested isolation level cannot be built here.
+    """
+    config = limits or SandboxConfig()
+    return _run(code, config, resolve_isolation(config), None)
+
+
+@dataclass
+class _LiveCalls:
+    """Supervisors of running calls, so that closing a pool can end them (SIGTERM: the supervisor cleans up)."""
+
+    procs: set[subprocess.Popen[bytes]] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closing: bool = False
+
+    def add(self, proc: subprocess.Popen[bytes]) -> None:
+        with self.lock:
+            self.procs.add(proc)
+            if self.closing:
+                proc.send_signal(signal.SIGTERM)
+
+    def discard(self, proc: subprocess.Popen[bytes]) -> None:
+        with self.lock:
+            self.procs.discard(proc)
+
+    def terminate_all(self) -> None:
+        with self.lock:
+            self.closing = True
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+
+
+def _prepare_dir(code: str, mode: str) -> tuple[str, str, str]:
+    """A private temporary directory holding the code file and (rlimits level) the working directory."""
+    tmp = tempfile.mkdtemp(prefix="steadyrl-tool-")
+    code_path, workdir = os.path.join(tmp, "tool.py"), os.path.join(tmp, "work")
+    Path(code_path).write_text(code, encoding="utf-8")
+    os.mkdir(workdir, 0o700)
+    if mode == "rlimits" and os.geteuid() == 0:  # the code runs as SANDBOX_UID and must reach its files
+        for path in (tmp, code_path, workdir):
+            os.chown(path, SANDBOX_UID, SANDBOX_GID)
+    return tmp, code_path, workdir
+
+
+def _remove_tree(path: str) -> None:
+    """Delete ``path``, restoring permissions the code may have taken away from its own directories."""
+
+    def fix(func, failed, _exc):  # type: ignore[no-untyped-def]
+        os.chmod(os.path.dirname(failed), stat.S_IRWXU)
+        if os.path.isdir(failed) and not os.path.islink(failed):
+            os.chmod(failed, stat.S_IRWXU)
+        func(failed)
+
+    shutil.rmtree(path, onerror=fix)
+
+
+def _run(code: str, config: SandboxConfig, mode: str, live: _LiveCalls | None) -> ToolResult:
+    if len(code.encode("utf-8", errors="surrogatepass")) > MAX_CODE_BYTES:
+        raise ValueError(f"tool code is longer than MAX_CODE_BYTES={MAX_CODE_BYTES}")
+    interp = _interpreter(config.python, config.site_packages)
+    tmp, code_path, workdir = _prepare_dir(code, mode)
+    try:
+        status_r, status_w = os.pipe()
+        spec = {
+            "mode": mode,
+            "status_fd": status_w,
+            "timeout_s": config.timeout_s,
+            "code_path": code_path,
+            "workdir": workdir,
+            "python": interp.executable,
+            "python_flags": list(interp.flags),
+            "runner": _RUNNER,
+            "runner_args": [str(BLOCKED_EXIT), str(MEMORY_EXIT)],
+            "sandbox_uid": SANDBOX_UID,
+            "sandbox_gid": SANDBOX_GID,
+            "binds": list(interp.binds),
+            "symlinks": [list(s) for s in interp.symlinks],
+            "limits": {
+                "memory_bytes": config.memory_mb << 20,
+                "cpu_s": config.cpu_s,
+                "max_procs": config.max_procs,
+                "file_bytes": config.max_file_mb << 20,
+                "disk_bytes": config.max_file_mb << 20,
+                "nofile": NOFILE,
+            },
+        }
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                [interp.executable, "-I", "-S", "-B", "-c", _SUPERVISOR, json.dumps(spec)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(status_w,),
+                env={},
+                cwd="/",
+                start_new_session=True,
+            )
+        finally:
+            os.close(status_w)
+        if live is not None:
+            live.add(proc)
+        try:
+            out = _collect(proc, status_r, config, deadline=start + config.timeout_s + BACKSTOP_S)
+        finally:
+            if live is not None:
+                live.discard(proc)
+            os.close(status_r)
+        if live is not None and live.closing and out.killed is None:
+            out.killed = "timeout"  # the pool ended it (possibly before its supervisor could say so)
+        duration = time.monotonic() - start
+    finally:
+        _remove_tree(tmp)
+    return _classify(out, config, mode, duration)
+
+
+@dataclass
+class _Collected:
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    status: bytearray = field(default_factory=bytearray)
+    truncated: bool = False
+    killed: Literal["output_limit", "timeout"] | None = None
+
+
+def _kill_call(proc: subprocess.Popen[bytes], tool_pgid: int | None) -> None:
+    """SIGKILL the supervisor's process group and (rlimits level) the code's; init dies with the supervisor."""
+    for pgid in (proc.pid, tool_pgid):
+        if pgid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+def _collect(proc: subprocess.Popen[bytes], status_fd: int, config: SandboxConfig, *, deadline: float) -> _Collected:
+    """Read stdout, stderr and the status pipe until they close (or the supervisor is gone), enforcing the output
+    cap (SIGTERM to the supervisor, which kills the call) and the backstop deadline (SIGKILL)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    got = _Collected()
+    streams = {proc.stdout.fileno(): got.stdout, proc.stderr.fileno(): got.stderr, status_fd: got.status}
+    sel = selectors.DefaultSelector()
+    for fd in streams:
+        sel.register(fd, selectors.EVENT_READ)
+    exited_at: float | None = None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if now > deadline and got.killed is None:
+                got.killed = "timeout"
+                _kill_call(proc, _tool_pgid(got.status))
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > DRAIN_S:
+                break
+            for key, _ in sel.select(timeout=0.05 if exited_at is not None else 0.2):
+                fd = key.fd
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    sel.unregister(fd)
+                    continue
+                if fd == status_fd:
+                    got.status += data
+                    continue
+                room = config.max_output_bytes - len(got.stdout) - len(got.stderr)
+                streams[fd] += data[: max(room, 0)]
+                if len(data) > room and not got.truncated:
+                    got.truncated = True
+                    if got.killed is None:
+                        got.killed = "output_limit"
+                        proc.send_signal(signal.SIGTERM)
+    finally:
+        sel.close()
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0) + BACKSTOP_S)
+        except subprocess.TimeoutExpired:
+            _kill_call(proc, _tool_pgid(got.status))
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    return got
+
+
+def _events(status: bytes) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in status.decode(errors="replace").splitlines() if line.strip()]
+
+
+def _tool_pgid(status: bytes) -> int | None:
+    for event in _events(status):
+        if event["event"] == "started" and "pid" in event:
+            return int(event["pid"])
+    return None
+
+
+def _classify(got: _Collected, config: SandboxConfig, mode: str, duration: float) -> ToolResult:
+    events = {e["event"]: e for e in _events(bytes(got.status))}
+    if "setup_error" in events:  # written only by the supervisor, init, or the tool process before its exec
+        raise SandboxUnavailableError(f"the {mode} sandbox could not be built:\n{events['setup_error']['message']}")
+    returncode, error = -int(signal.SIGKILL), "crash"
+    if "exit" in events:
+        status = int(events["exit"]["status"])
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            returncode = -sig
+            at_cpu_limit = float(events["exit"]["cpu_s"]) >= config.cpu_s
+            error = "cpu" if sig == signal.SIGXCPU or (sig == signal.SIGKILL and at_cpu_limit) else "crash"
+        else:
+            returncode = os.WEXITSTATUS(status)
+            error = {0: None, BLOCKED_EXIT: "blocked", MEMORY_EXIT: "memory"}.get(returncode, "crash")
+    elif got.killed == "timeout" or "stopped" in events:
+        error = "timeout"
+    if got.killed == "output_limit":
+        error = "output_limit"
+    return ToolResult(
+        stdout=got.stdout.decode("utf-8", errors="replace"),
+        stderr=got.stderr.decode("utf-8", errors="replace"),
+        truncated=got.truncated,
+        returncode=returncode,
+        error=error,  # type: ignore[arg-type]
+        duration_s=duration,
+        isolation=mode,
+    )
+
+
+class SandboxPool:
+    """Runs tool calls ``config.workers`` at a time, each in its own sandbox (threads wait; the work is in processes).
+
+    Use as a context manager, or call :meth:`close`: it cancels queued calls, kills running ones (their results say
+    ``error="timeout"``) and returns once every process of every call is gone.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig()
+        #: The level calls run at (resolved from ``config.isolation`` when the pool starts).
+        self.isolation = resolve_isolation(self.config)
+        self._live = _LiveCalls()
+        self._executor = ThreadPoolExecutor(self.config.workers, thread_name_prefix="steadyrl-sandbox")
+        self._closed = False
+
+    def submit(self, code: str) -> Future[ToolResult]:
+        """Queue one call; the future's result is its :class:`ToolResult`."""
+        if self._closed:
+            raise RuntimeError("the SandboxPool is closed")
+        return self._executor.submit(_run, code, self.config, self.isolation, self._live)
+
+    def map(self, codes: Iterable[str]) -> list[ToolResult]:
+        """Run every code (up to ``workers`` at once) and return their results in order."""
+        futures = [self.submit(c) for c in codes]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Cancel queued calls, end running ones, wait until all their processes are gone (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._live.terminate_all()
+        self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
