@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Install the optional test groups into .venv (after scripts/setup.sh): the framework adapters' packages
-# (requirements/integrations/*.txt) and Ray for runtime.mode=ray (requirements/ray.txt). Each file pins exact versions
-# and is installed with --no-deps (each file says which declared requirements it knowingly leaves unmet and why), so
-# no version of requirements.lock changes. Idempotent: a stamp keyed by the files makes a second run take a second.
+# Install the optional test groups into .venv (after scripts/setup.sh): Debian's chromium (root only), the framework
+# adapters' packages (requirements/integrations/*.txt) and Ray for runtime.mode=ray (requirements/ray.txt). Each file
+# pins exact versions and is installed with --no-deps (each file says which declared requirements it knowingly leaves
+# unmet and why), so no version of requirements.lock changes. Idempotent: a stamp keyed by the files makes a second run take a second.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 shopt -s nullglob
+# Headless Chromium for the report's browser test (Debian's package; only where this runs as root with apt-get,
+# elsewhere that one test skips and says how to install it).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[setup] installing Debian's chromium for the report's browser test" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+    || echo "[setup] could not install chromium; the browser test will skip" >&2
+fi
 files=(requirements/ray.txt requirements/integrations/*.txt)
 existing=()
 for f in "${files[@]}"; do [ -f "$f" ] && existing+=("$f"); done
