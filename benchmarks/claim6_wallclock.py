@@ -1,0 +1,81 @@
+"""Claim 6 (VCPO Table 1) at this machine's scale: accuracy against wall-clock, synchronous vs asynchronous.
+
+Reads a sweep directory written by ``steadyrl sweep claims_wallclock`` (or any sweep whose runs ran in
+``runtime.mode=local``) and prints, per variant (mean over seeds, and per seed):
+
+* base and final eval accuracy;
+* training wall-clock: the sum of ``time/step_s`` over the run's steps (eval and start-up included, as a user waits
+  for them; the one-off warm start of a new seed's model is not a step and is left out);
+* the wall-clock at which the run first reached the synchronous variant's mean final accuracy (its first eval at or
+  above it), and the ratio to the synchronous runs' total time.
+
+    .venv/bin/python benchmarks/claim6_wallclock.py runs/claims_wallclock [--sync grpo_sync]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+
+def load(run_dir: Path) -> tuple[list[tuple[float, int, float]], float, float | None, float | None]:
+    """(wall-clock s, step, accuracy) at each eval; total wall-clock; base and final accuracy."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    timings_file = run_dir / "timings.jsonl"
+    if timings_file.exists():  # log.timings=separate
+        by_step = {json.loads(x)["step"]: json.loads(x) for x in timings_file.read_text().splitlines() if x.strip()}
+        records = [{**r, **by_step.get(r["step"], {})} for r in records]
+    wall, evals = 0.0, []
+    for r in records:
+        if r.get("eval/acc") is not None:
+            evals.append((wall + r.get("time/eval_s", 0.0), int(r["step"]), float(r["eval/acc"])))
+        wall += float(r.get("time/step_s", 0.0))
+    base = evals[0][2] if evals else None
+    final = evals[-1][2] if evals else None
+    return evals, wall, base, final
+
+
+def variant_of(run_dir: Path) -> tuple[str, int]:
+    parts = dict(p.split("=", 1) for p in run_dir.name.split(",") if "=" in p)
+    return parts.get("method", run_dir.name), int(parts.get("seed", 0))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweep_dir", type=Path)
+    ap.add_argument("--sync", default="grpo_sync", help="the synchronous variant's name")
+    args = ap.parse_args()
+    runs: dict[str, dict[int, tuple]] = defaultdict(dict)
+    for metrics in sorted(args.sweep_dir.glob("*/metrics.jsonl")):
+        name, seed = variant_of(metrics.parent)
+        runs[name][seed] = load(metrics.parent)
+    if args.sync not in runs:
+        raise SystemExit(f"no runs of the synchronous variant {args.sync!r} in {args.sweep_dir} (have {sorted(runs)})")
+    sync_final = statistics.fmean(r[3] for r in runs[args.sync].values())
+    sync_wall = statistics.fmean(r[1] for r in runs[args.sync].values())
+    print(f"target = {args.sync}'s mean final accuracy {sync_final:.3f}; its mean wall-clock {sync_wall:.0f} s\n")
+    print(f"{'variant':12} {'seed':>4} {'base':>6} {'final':>6} {'best':>6} {'wall s':>7} {'t(target) s':>12} "
+          f"{'t / sync wall':>13}")  # fmt: skip
+    for name in sorted(runs, key=lambda n: (n != args.sync, n)):
+        finals, walls, hits = [], [], []
+        for seed in sorted(runs[name]):
+            evals, wall, base, final = runs[name][seed]
+            best = max(a for _, _, a in evals)
+            hit = next((t for t, _, a in evals if a >= sync_final), None)
+            finals.append(final)
+            walls.append(wall)
+            hits.append(hit)
+            hit_s = "-" if hit is None else f"{hit:.0f}"
+            ratio = "-" if hit is None else f"{hit / sync_wall:.2f}"
+            print(f"{name:12} {seed:>4} {base:6.3f} {final:6.3f} {best:6.3f} {wall:7.0f} {hit_s:>12} {ratio:>13}")
+        reached = [h for h in hits if h is not None]
+        mean_hit = f"{statistics.fmean(reached):.0f} ({len(reached)}/{len(hits)})" if reached else f"- (0/{len(hits)})"
+        print(f"{name:12} {'mean':>4} {'':6} {statistics.fmean(finals):6.3f} {'':6} {statistics.fmean(walls):7.0f} "
+              f"{mean_hit:>12}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
