@@ -1,0 +1,85 @@
+"""Wall-clock of ``runtime.mode=ray`` against ``runtime.mode=local`` on the tiny test job, one sampler.
+
+Each variant is a real ``steadyrl train`` run of the tests' tiny job (``tiny_overrides`` in tests/conftest.py: a
+2-layer, width-32 Llama warm-started once into a temporary cache; 16 prompts × 8, 4 new tokens) with one sampler and
+the learner at one torch thread each, in each runtime, synchronous and asynchronous (fifo pool). Per variant it
+prints: the time to build the rollout source (for ``ray``: ``ray.init`` of a local Ray + the coordinator actor), the
+first batch's wait (sampler start-up), and over steps 3 … steps − 1 the medians of ``time/step_s``,
+``time/learn_s``, ``time/wait_s``, ``time/learner_idle_frac``, ``time/sampler_idle_frac``; then the run's wall-clock.
+Variants run one after the other, ``rounds`` times, so load changes hit all alike. Needs Ray
+(``pip install --no-deps -r requirements/ray.txt``).
+
+    .venv/bin/python benchmarks/runtime_ray.py [STEPS=30] [ROUNDS=1]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from steadyrl.train.config import TrainConfig
+from steadyrl.train.configio import load_config
+from steadyrl.train.entry import SOURCES
+from steadyrl.train.loop import train
+from steadyrl.train.metrics import read_metrics
+
+#: tests/conftest.py's tiny_overrides (without its cache dir), plus this benchmark's fixed settings.
+TINY = [
+    "task.min_terms=2", "task.max_terms=2", "task.min_digits=1", "task.max_digits=1", "task.eval_size=128",
+    "model.arch.hidden_size=32", "model.arch.num_layers=2", "model.arch.num_heads=2",
+    "model.arch.intermediate_size=64", "model.warm_start.target_accuracy=0.25", "model.warm_start.max_steps=400",
+    "model.warm_start.eval_every=20", "model.warm_start.eval_problems=128", "model.warm_start.batch_size=64",
+    "model.warm_start.lr=1e-2", "model.warm_start.warmup_steps=10", "model.warm_start.train_problems=2048",
+    "eval.n=128", "eval.every=0", "sampling.max_new_tokens=4", "data.train_pool=512", "lr=1e-3",
+    "prompts_per_step=16", "runtime.threads=1", "log.progress=false", "log.timings=separate", "checkpoint.every=0",
+    "log.plot=false", "lag=0", "runtime.samplers=1", "overwrite=true",
+]  # fmt: skip
+VARIANTS = {"sync": ["runtime.sync=true"], "fifo": ["pool.policy=fifo"]}
+SKIP = 3
+
+
+def one_run(mode: str, variant: str, *, steps: int, root: Path, cache: Path) -> str:
+    out = root / f"{mode}-{variant}"
+    overrides = [*TINY, f"model.cache_dir={cache}", f"runtime.mode={mode}", f"steps={steps}", f"out_dir={out}"]
+    cfg = load_config(TrainConfig, overrides=[*overrides, *VARIANTS[variant]])
+    made: dict[str, float] = {}
+
+    def factory(cfg: TrainConfig, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        source = SOURCES[cfg.runtime.mode](cfg, **kw)
+        made["init"] = time.perf_counter() - t0
+        return source
+
+    t0 = time.perf_counter()
+    train(cfg, make_source=factory)
+    wall = time.perf_counter() - t0
+    recs = [r for r in read_metrics(out / "timings.jsonl") if "time/step_s" in r]
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in recs[SKIP:] if key in r)
+
+    return (
+        f"{mode:5s} {variant:4s}  source {made['init']:5.2f} s  first batch {recs[0]['time/wait_s']:5.2f} s  "
+        f"step {med('time/step_s') * 1e3:4.0f} ms (learn {med('time/learn_s') * 1e3:3.0f}, wait "
+        f"{med('time/wait_s') * 1e3:4.0f})  learner idle {med('time/learner_idle_frac'):.2f}  "
+        f"sampler idle {med('time/sampler_idle_frac'):.2f}  wall {wall:5.1f} s"
+    )
+
+
+def main() -> None:
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    with tempfile.TemporaryDirectory(prefix="steadyrl-ray-bench-") as tmp:
+        root = Path(tmp)
+        for _ in range(rounds):
+            for mode in ("local", "ray"):
+                for variant in VARIANTS:
+                    print(one_run(mode, variant, steps=steps, root=root / "runs", cache=root / "cache"), flush=True)
+
+
+if __name__ == "__main__":  # the local runtime spawns processes
+    main()
