@@ -128,7 +128,7 @@ def test_tool_call_runs_and_the_model_reads_its_output(tokenizer: PreTrainedToke
     summary = out.summary()
     assert summary["tool/calls_mean"] == 1.0 and summary["turns/mean"] == 2.0 and summary["tool/errors"] == 0
     context = r.prompt_mask.sum(-1) + r.response_mask.sum(-1) + out.tool_mask.sum(-1)
-    assert summary["response/context_tokens_mean"] == pytest.approx(float(context.float().mean()))
+    assert summary["response/context_len_mean"] == pytest.approx(float(context.float().mean()))
 
 
 def test_tool_errors_and_timeouts_are_counted(tokenizer: PreTrainedTokenizerFast, pool: SandboxPool) -> None:

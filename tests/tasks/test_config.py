@@ -31,7 +31,7 @@ def _error(data: dict[str, Any]) -> str:
 
 def test_every_field_is_documented() -> None:
     assert {cls.model_fields["name"].default for cls in CONFIG_CLASSES} == {
-        "chain_sum", "basic_arithmetic", "countdown", "gsm8k", "math"
+        "chain_sum", "chain_sum_tool", "basic_arithmetic", "countdown", "gsm8k", "math"
     }
     for cls in CONFIG_CLASSES:
         for field_name, field in cls.model_fields.items():
@@ -43,6 +43,7 @@ def test_every_field_is_documented() -> None:
     [
         {"name": "chain_sum"},
         {"name": "chain_sum", "worked_steps": True, "max_terms": 6},
+        {"name": "chain_sum_tool", "min_digits": 5, "max_digits": 6},
         {"name": "basic_arithmetic", "operators": ["+", "*"]},
         {"name": "countdown", "cache_dir": "/tmp/nowhere", "eval_size": 8},
         {"name": "gsm8k", "train_path": "/data/gsm8k/train.jsonl", "eval_path": "/data/gsm8k/test.parquet"},
@@ -66,6 +67,8 @@ def test_valid_configs_build_tasks(data: dict[str, Any]) -> None:
         ({"name": "chain_sum", "min_digits": 2, "max_digits": 1}, ["max_digits", "min_digits"]),
         ({"name": "chain_sum", "eval_size": 0}, ["chain_sum.eval_size"]),
         ({"name": "chain_sum", "stop_texts": ["</s>", ""]}, ["chain_sum.stop_texts"]),
+        ({"name": "chain_sum_tool", "min_digits": 6, "max_digits": 5}, ["max_digits (5)", "min_digits (6)"]),
+        ({"name": "chain_sum_tool", "worked_steps": True}, ["chain_sum_tool.worked_steps", "Extra inputs"]),
         ({"name": "basic_arithmetic", "operators": ["+", "%"]}, ["basic_arithmetic.operators"]),
         ({"name": "basic_arithmetic", "operators": []}, ["basic_arithmetic.operators"]),
         ({"name": "basic_arithmetic", "operators": ["+", "+"]}, ["operators has duplicates"]),

@@ -8,7 +8,9 @@ leaving room for RL to improve and for stale-rollout instabilities to show.
 
 Training: each example is ``<bos> prompt`` → ``demonstration <eos>``; the loss is the mean negative log-likelihood
 of the completion tokens only (token-mean over the batch), computed with
-:func:`steadyrl.rollout.logprobs.sequence_logprobs`, the same forward the RL learner uses. AdamW with a linear warmup
+:func:`steadyrl.rollout.logprobs.sequence_logprobs`, the same forward the RL learner uses. A tool task's
+demonstration is a transcript whose tool-output turn is context only (``tool_mask``: attended, not in the loss), and
+its accuracy is measured with the tool (docs/tools.md). AdamW with a linear warmup
 then a constant rate, gradient clipping. Problems come from the task's ``train`` split and accuracy from its ``eval``
 split, both for the run's seed, so the warm start never trains on the problems a run with that seed evaluates on.
 
@@ -19,6 +21,7 @@ fingerprint of the task, this config and the seed. It holds ``save_pretrained`` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import warnings
@@ -39,8 +42,10 @@ from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
 from steadyrl.models.tokenizer import build_char_tokenizer
 from steadyrl.rollout.accuracy import sampled_accuracy_of
 from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.multiturn import ToolRunner, ToolUse
 from steadyrl.rollout.rollouts import TokenBatch, trim_padding
-from steadyrl.tasks import Problem, Task
+from steadyrl.tasks import DemoTurn, Problem, Task, ToolDemonstrations
+from steadyrl.tools import SandboxPool
 
 #: Metadata file of a warm-start cache entry (written last: its presence marks a complete entry).
 METADATA_FILE = "steadyrl_warmstart.json"
@@ -119,14 +124,45 @@ class WarmStartReport:
 def demonstration_batch(
     tokenizer: PreTrainedTokenizerBase, *, task: Task, problems: list[Problem]
 ) -> TokenBatch:
-    """Tokens of ``<bos> prompt`` (left-padded) → ``demonstration <eos>`` (right-padded) for ``problems``."""
+    """Tokens of ``<bos> prompt`` (left-padded) → ``demonstration <eos>`` (right-padded) for ``problems``.
+
+    For a task with tool-using demonstrations (:class:`~steadyrl.tasks.ToolDemonstrations`) the response is the whole
+    transcript and its tool turns are marked in ``tool_mask`` (attended, not trained on: the RL learner's rule).
+    """
     prompts = tokenizer([p.prompt for p in problems], padding=True, padding_side="left", return_tensors="pt")
-    demos = tokenizer([task.demonstration(p) for p in problems], add_special_tokens=False)["input_ids"]
-    rows = [torch.tensor([*ids, tokenizer.eos_token_id]) for ids in demos]
+    if isinstance(task, ToolDemonstrations):
+        turns = [task.demonstration_turns(p) for p in problems]
+    else:
+        turns = [[DemoTurn(task.demonstration(p), tool=False)] for p in problems]
+    encoded = iter(tokenizer([t.text for row in turns for t in row], add_special_tokens=False)["input_ids"])
+    rows, tools = [], []
+    for row_turns in turns:
+        ids: list[int] = []
+        tool: list[bool] = []
+        for turn, turn_ids in zip(row_turns, encoded, strict=False):  # this row's turns, in order
+            ids += turn_ids
+            tool += [turn.tool] * len(turn_ids)
+        rows.append(torch.tensor([*ids, tokenizer.eos_token_id]))
+        tools.append(torch.tensor([*tool, False]))
     response_ids = pad_sequence(rows, batch_first=True, padding_value=tokenizer.pad_token_id)
     lengths = torch.tensor([len(r) for r in rows])
-    response_mask = torch.arange(response_ids.shape[1]) < lengths.unsqueeze(-1)
-    return TokenBatch(prompts["input_ids"], prompts["attention_mask"].bool(), response_ids, response_mask)
+    real = torch.arange(response_ids.shape[1]) < lengths.unsqueeze(-1)
+    tool_mask = pad_sequence(tools, batch_first=True, padding_value=False)
+    has_tools = bool(tool_mask.any())
+    return TokenBatch(
+        prompts["input_ids"], prompts["attention_mask"].bool(), response_ids, real & ~tool_mask,
+        tool_mask if has_tools else None,
+    )  # fmt: skip
+
+
+def demonstration_tools(
+    task: ToolDemonstrations, problems: list[Problem], *, max_total_tokens: int, runner: ToolRunner
+) -> ToolUse:
+    """How the warm start samples a tool task: the default call format (the demonstrations'), one more model turn
+    than the demonstrations of ``problems`` have tool turns, ``max_total_tokens`` for the whole response."""
+    tool_turns = max(sum(turn.tool for turn in task.demonstration_turns(p)) for p in problems)
+    return ToolUse(runner=runner, max_turns=tool_turns + 1, max_total_tokens=max_total_tokens,
+                   max_tool_tokens=max_total_tokens - 1)  # fmt: skip
 
 
 def sampled_accuracy(
@@ -138,11 +174,13 @@ def sampled_accuracy(
     max_new_tokens: int,
     temperature: float,
     generator: torch.Generator,
+    tools: ToolUse | None = None,
 ) -> float:
-    """Mean score of one sampled completion per problem (``task.score``; 1 right, 0 wrong)."""
+    """Mean score of one sampled completion per problem (``task.score``; 1 right, 0 wrong); with ``tools``, of one
+    multi-turn trajectory (its last model turn)."""
     return sampled_accuracy_of(
         model, tokenizer, task=task, problems=problems, max_new_tokens=max_new_tokens, temperature=temperature,
-        generator=generator,
+        generator=generator, tools=tools,
     ).acc
 
 
@@ -158,13 +196,33 @@ def warm_start(
     """Train ``model`` in place on ``task``'s demonstrations until the sampled accuracy reaches the target.
 
     Accuracy is measured every ``eval_every`` steps (and before the first step); training stops at the first
-    measurement ≥ ``target_accuracy`` or after ``max_steps`` (the last step is always measured).
+    measurement ≥ ``target_accuracy`` or after ``max_steps`` (the last step is always measured). A task with
+    tool-using demonstrations is measured with the tool (multi-turn sampling, calls in a default
+    :class:`~steadyrl.tools.SandboxPool`), as RL will sample it.
     """
+    with contextlib.ExitStack() as stack:
+        sandbox = stack.enter_context(SandboxPool()) if isinstance(task, ToolDemonstrations) else None
+        return _warm_start(model, tokenizer, task=task, cfg=cfg, seed=seed, progress=progress, sandbox=sandbox)
+
+
+def _warm_start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    task: Task,
+    cfg: WarmStartConfig,
+    seed: int,
+    progress: bool,
+    sandbox: ToolRunner | None,
+) -> WarmStartReport:
     start = time.perf_counter()
     eval_set = task.problems("eval", cfg.eval_problems, seed=seed)
     data = demonstration_batch(tokenizer, task=task, problems=task.problems("train", cfg.train_problems, seed=seed))
     longest_demo = max(len(task.demonstration(p)) for p in eval_set)
     eval_tokens = cfg.eval_max_new_tokens or longest_demo + 1 + EVAL_TOKEN_SLACK
+    tools = None
+    if sandbox is not None and isinstance(task, ToolDemonstrations):
+        tools = demonstration_tools(task, eval_set, max_total_tokens=eval_tokens, runner=sandbox)
     device = next(model.parameters()).device
     order_gen = torch.Generator().manual_seed(seed)
     eval_gen = torch.Generator(device=device).manual_seed(seed)
@@ -178,7 +236,7 @@ def warm_start(
     def measure(step: int) -> EvalPoint:
         acc = sampled_accuracy(
             model, tokenizer, task=task, problems=eval_set, max_new_tokens=eval_tokens,
-            temperature=cfg.eval_temperature, generator=eval_gen,
+            temperature=cfg.eval_temperature, generator=eval_gen, tools=tools,
         )
         return EvalPoint(step, acc, time.perf_counter() - start)
 
@@ -191,9 +249,10 @@ def warm_start(
             order, cursor = torch.randperm(len(data.prompt_ids), generator=order_gen), 0
         rows = order[cursor : cursor + cfg.batch_size]
         cursor += cfg.batch_size
-        batch = TokenBatch(*(x.to(device) for x in trim_padding(TokenBatch(*(x[rows] for x in data)))))
+        picked = TokenBatch(*(None if x is None else x[rows] for x in data))
+        batch = TokenBatch(*(None if x is None else x.to(device) for x in trim_padding(picked)))
         logp, _ = sequence_logprobs(model, batch)
-        loss = -masked_mean(logp, batch.response_mask)  # NLL of completion tokens, token-mean
+        loss = -masked_mean(logp, batch.response_mask)  # NLL of completion tokens (tool turns excluded), token-mean
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

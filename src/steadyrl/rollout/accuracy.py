@@ -17,6 +17,7 @@ from torch import nn
 from steadyrl.rollout.sampler import generate
 
 if TYPE_CHECKING:
+    from steadyrl.rollout.multiturn import ToolUse
     from steadyrl.tasks import Problem, Task
 
 
@@ -40,8 +41,13 @@ def sampled_accuracy_of(
     top_k: int = 0,
     version: int = 0,
     batch_size: int | None = None,
+    tools: ToolUse | None = None,
 ) -> Accuracy:
-    """Score one response per problem (``task.score``: 1 right, 0 wrong), sampled at ``temperature`` / ``top_k``."""
+    """Score one response per problem (``task.score``: 1 right, 0 wrong), sampled at ``temperature`` / ``top_k``.
+
+    With ``tools``, responses are multi-turn trajectories (the training path, ``tools.max_total_tokens`` replaces
+    ``max_new_tokens``) and each is scored on its last model turn; ``len_mean`` counts sampled tokens only.
+    """
     if not problems:
         raise ValueError("no problems to score")
     step = batch_size or len(problems)
@@ -51,11 +57,15 @@ def sampled_accuracy_of(
     try:
         for start in range(0, len(problems), step):
             chunk = problems[start : start + step]
-            out = generate(
-                model, tokenizer, [p.prompt for p in chunk], group_size=1, max_new_tokens=max_new_tokens,
-                temperature=temperature, top_k=top_k, generator=generator, version=version,
-            )  # fmt: skip
-            total += sum(task.score(p, text) for p, text in zip(chunk, out.texts, strict=True))
+            kw: dict[str, Any] = dict(group_size=1, temperature=temperature, top_k=top_k, generator=generator,
+                                      version=version)  # fmt: skip
+            if tools is None:
+                out = generate(model, tokenizer, [p.prompt for p in chunk], max_new_tokens=max_new_tokens, **kw)
+                texts = out.texts
+            else:
+                multi = tools.generate(model, tokenizer, [p.prompt for p in chunk], **kw)
+                out, texts = multi.rollouts, multi.final_texts
+            total += sum(task.score(p, text) for p, text in zip(chunk, texts, strict=True))
             tokens += int(out.response_mask.sum())
     finally:
         model.train(was_training)

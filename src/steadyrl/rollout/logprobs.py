@@ -1,16 +1,18 @@
 """The learner's recompute: log-probs (and optionally entropies) of response tokens under a model, with gradient.
 
-One forward over ``[prompt; response]`` with the attention mask and the position ids of
-:mod:`steadyrl.rollout.rollouts` (``cumsum(mask) − 1``: the positions the sampler used), asking the model for the
-logits of the response positions only (``logits_to_keep = T + 1``, the last one dropped), so the output layer and the
-log-softmax never run over the prompt. Used for the proximal policy (``prox_logp``, under ``torch.no_grad``) and the
-current policy (``logp``, with gradient), and by the warm start's supervised loss.
+One forward over ``[prompt; response]`` with the attention mask and the position ids of :mod:`steadyrl.rollout.rollouts`
+(attention ``[prompt_mask; response_mask | tool_mask]``, positions ``cumsum(attention) − 1``: what the sampler attended
+and the positions it used, tool-output turns included), asking the model for the logits of the response positions only
+(``logits_to_keep = T + 1``, the last one dropped), so the output layer and the log-softmax never run over the prompt.
+Used for the proximal policy (``prox_logp``, under ``torch.no_grad``) and the current policy (``logp``, with gradient),
+and by the warm start's supervised loss.
 
 Shapes: prompt ``[N, P]`` left-padded, response ``[N, T]`` right-padded → ``logp`` ``[N, T]`` float32, 0 where
-``response_mask`` is False; ``entropy`` ``[N, T]`` float32 (0 at padding) or None. With ``return_hidden=True`` the
-same forward also asks for ``output_hidden_states`` and returns the final hidden state (the input of the output
-layer, after the final norm) at each position that predicts a response token, ``hidden`` ``[N, T, H]`` in the
-model's dtype (0 at padding): ``hidden[:, t]`` is the state *before* y_t is emitted, the s_t of a critic V(s_t).
+``response_mask`` is False (padding and tool output: context, not scored); ``entropy`` ``[N, T]`` float32 (0 there too)
+or None. With ``return_hidden=True`` the same forward also asks for ``output_hidden_states`` and returns the final
+hidden state (the input of the output layer, after the final norm) at each position that predicts a response token,
+``hidden`` ``[N, T, H]`` in the model's dtype (0 where ``response_mask`` is False): ``hidden[:, t]`` is the state
+*before* y_t is emitted, the s_t of a critic V(s_t).
 Confidence: [exact] (a forward pass; the distribution is that of :mod:`steadyrl.rollout.distribution`).
 """
 
@@ -24,7 +26,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
-from steadyrl.rollout.rollouts import TokenBatchLike
+from steadyrl.rollout.rollouts import TokenBatchLike, attention_mask
 from steadyrl.rollout.sampler import positions_from_mask
 
 
@@ -83,7 +85,7 @@ def sequence_logprobs(
         ``return_hidden``: :class:`SequenceLogprobsHidden` (``logp, entropy, hidden``).
     """
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    prompt_mask, response_mask = batch.prompt_mask.bool(), batch.response_mask.bool()
+    response_mask = batch.response_mask.bool()
     N, T = batch.response_ids.shape
     if T == 0:
         empty = torch.zeros(N, 0, device=batch.response_ids.device)
@@ -93,7 +95,7 @@ def sequence_logprobs(
             return SequenceLogprobsHidden(empty, entropy0, hidden0)
         return SequenceLogprobs(empty, entropy0)
     input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=-1)
-    mask = torch.cat([prompt_mask, response_mask], dim=-1)
+    mask = attention_mask(batch)  # [prompt_mask; response_mask | tool_mask]: tool output is attended context
     extra = {"output_hidden_states": True} if return_hidden else {}
     out = model(
         input_ids=input_ids,

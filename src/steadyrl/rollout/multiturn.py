@@ -4,17 +4,22 @@ appended as a tool turn, and generation continues (SimpleTIR-style fenced Python
 Per row, a trajectory is ``prompt · m_1 · o_1 · m_2 · o_2 · … · m_K`` where each model turn m_k is sampled and each
 tool turn o_k is the tokenized output of the code that m_k closed. A model turn ends at EOS (the trajectory is done),
 when it closes a tool call (``ToolCallFormat.open`` … ``close``; the code between them runs), or when the response
-reaches ``max_total_tokens`` (truncated). A tool call closed in the last allowed turn (``max_turns``) is not run: no
-turn would read its output, so the trajectory ends there, truncated. All rows' calls of one turn run in parallel in
-the sandbox pool.
+reaches ``max_total_tokens`` (truncated). A tool call closed in the last allowed turn (``max_turns``), or with no
+token of the budget left, is not run: no turn would read its output, so the trajectory ends there, truncated. All
+rows' calls of one turn run in parallel in the sandbox pool.
 
 Every sampled token is drawn exactly as :func:`steadyrl.rollout.sampler.generate` draws it (same sampling
 distribution, :mod:`steadyrl.rollout.distribution`, the caller's generator) and records log μ of that distribution.
 Tool-output tokens are part of the context (attended, and counted in the position ids) but were not sampled:
 ``response_mask`` is False there, ``behav_logp`` is 0, the version is ``TOOL_VERSION`` (−2), and
-:attr:`MultiTurnRollouts.tool_mask` marks them. The response mask is therefore **not a prefix**; the attention mask
-of a trajectory is ``[prompt_mask; response_mask | tool_mask]`` and its position ids are
-``cumsum(attention) − 1``, the rule of :mod:`steadyrl.rollout.rollouts` applied to that attention mask.
+``Rollouts.tool_mask`` marks them. The response mask is therefore **not a prefix**; the attention mask of a trajectory
+is ``[prompt_mask; response_mask | tool_mask]`` and its position ids are ``cumsum(attention) − 1``, the rule of
+:mod:`steadyrl.rollout.rollouts` applied to that attention mask, which the learner's recompute
+(:func:`steadyrl.rollout.logprobs.sequence_logprobs`) applies too: at unchanged weights it gives back ``behav_logp``.
+
+Rewards come from the final answer only: :attr:`MultiTurnRollouts.final_texts` (the last model turn, after the last
+tool output) is what :func:`score_final` hands the task's verifier, so a tool's output can never be scored as the
+model's answer.
 
 Each model turn starts with one prefill over the whole context so far (prompt and earlier turns, left-padded), then
 decodes with a KV cache; with ``before_forward``, each token records the version of the forward it was drawn from.
@@ -23,26 +28,49 @@ Confidence: [exact] (μ is defined by this code; no paper formula involved).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
-from jaxtyping import Bool, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from steadyrl.rollout.distribution import SamplingParams, check_sampling_params, entropy_from_log_probs
 from steadyrl.rollout.distribution import sampling_log_probs as _sampling_log_probs
-from steadyrl.rollout.rollouts import PAD_VERSION, TOOL_VERSION, Rollouts
+from steadyrl.rollout.rollouts import PAD_VERSION, TOOL_VERSION, Rollouts, context_mask
 from steadyrl.rollout.sampler import cache_kwarg, encode_prompts, positions_from_mask
+from steadyrl.rollout.scored import score_rollouts
 from steadyrl.tools.sandbox import ToolResult
+
+if TYPE_CHECKING:
+    from steadyrl.tasks import Problem, Task
 
 
 class ToolRunner(Protocol):
     """Runs a batch of code strings at once (a :class:`steadyrl.tools.SandboxPool`)."""
 
     def map(self, codes: Sequence[str]) -> list[ToolResult]: ...
+
+
+class SharedCalls:
+    """A :class:`ToolRunner` that runs each distinct code of one ``map`` once and hands every caller its result.
+
+    The G rollouts of a prompt often write the same call; sharing its result is exact for deterministic code (the
+    arithmetic tools) and saves a sandbox start per duplicate (about 0.1 s each). Code that reads a clock or a random
+    source gets one draw per distinct code and turn instead of one per trajectory.
+    """
+
+    def __init__(self, runner: ToolRunner) -> None:
+        self.runner = runner
+
+    def map(self, codes: Sequence[str]) -> list[ToolResult]:
+        """``runner.map`` of the distinct codes (first-seen order), fanned back out to ``codes``' order."""
+        distinct = list(dict.fromkeys(codes))
+        results = dict(zip(distinct, self.runner.map(distinct), strict=True))
+        return [results[c] for c in codes]
 
 
 @dataclass(frozen=True)
@@ -101,28 +129,87 @@ class RowMetrics(NamedTuple):
 
 
 class MultiTurnRollouts(NamedTuple):
-    """Rollouts with tool turns, the mask of tool-output tokens, per-row metrics and each row's last model turn."""
+    """Rollouts with tool turns (``rollouts.tool_mask`` marks the tool output), per-row metrics and each row's last
+    model turn."""
 
     rollouts: Rollouts
-    tool_mask: Bool[Tensor, "N T"]
     row_metrics: RowMetrics
     final_texts: list[str]  # text of each row's last model turn (after its last tool output; no EOS)
 
+    @property
+    def tool_mask(self) -> Bool[Tensor, "N T"]:
+        """``rollouts.tool_mask``: True on tool-output tokens."""
+        return self.rollouts.tool_mask  # type: ignore[return-value]
+
     def summary(self) -> dict[str, float]:
-        """Batch metrics: ``tool/calls_mean``, ``tool/errors``, ``tool/timeouts``, ``tool/tokens_mean``,
-        ``turns/mean``, ``response/policy_tokens_mean`` (sampled tokens), ``response/context_tokens_mean`` (prompt +
-        sampled + tool tokens)."""
-        m, r = self.row_metrics, self.rollouts
-        context = r.prompt_mask.sum(-1) + r.response_mask.sum(-1) + self.tool_mask.sum(-1)
+        """Batch metrics: ``tool/calls_mean`` (calls run per trajectory), ``tool/errors`` and ``tool/timeouts``
+        (counts in the batch), ``tool/tokens_mean``, ``turns/mean`` (model turns per trajectory),
+        ``response/context_len_mean`` (prompt + sampled + tool tokens per trajectory)."""
+        m = self.row_metrics
         return {
             "tool/calls_mean": float(m.tool_calls.float().mean()),
             "tool/errors": float(m.tool_errors.sum()),
             "tool/timeouts": float(m.tool_timeouts.sum()),
             "tool/tokens_mean": float(m.tool_tokens.float().mean()),
             "turns/mean": float(m.turns.float().mean()),
-            "response/policy_tokens_mean": float(r.response_mask.sum(-1).float().mean()),
-            "response/context_tokens_mean": float(context.float().mean()),
+            "response/context_len_mean": context_len_mean(self.rollouts),
         }
+
+
+def context_len_mean(rollouts: Rollouts) -> float:
+    """Mean context length of a trajectory: prompt + sampled + tool-output tokens."""
+    context = rollouts.prompt_mask.sum(-1) + context_mask(rollouts).sum(-1)
+    return float(context.float().mean())
+
+
+def _runs(mask: Tensor) -> Tensor:
+    """Number of maximal runs of True along the last dim, [N] int64."""
+    starts = mask & ~torch.nn.functional.pad(mask[:, :-1], (1, 0), value=False)
+    return starts.sum(-1)
+
+
+def tool_metrics_from_rollouts(rollouts: Rollouts) -> dict[str, float]:
+    """The metrics of :meth:`MultiTurnRollouts.summary` that the token masks alone determine (for rollouts that come
+    without per-row counts, e.g. from a pool): ``tool/calls_mean`` (tool turns: runs of ``tool_mask``; a call whose
+    output was cut to nothing is not seen), ``tool/tokens_mean``, ``turns/mean`` (runs of sampled tokens: every model
+    turn samples at least one token and consecutive model turns are separated by a tool turn) and
+    ``response/context_len_mean``. Errors and timeouts are not in the tokens."""
+    tool = rollouts.tool_mask
+    if tool is None:  # unpickled from before tool turns existed
+        tool = torch.zeros_like(rollouts.response_mask, dtype=torch.bool)
+    return {
+        "tool/calls_mean": float(_runs(tool.bool()).float().mean()),
+        "tool/tokens_mean": float(tool.sum(-1).float().mean()),
+        "turns/mean": float(_runs(rollouts.response_mask.bool()).float().mean()),
+        "response/context_len_mean": context_len_mean(rollouts),
+    }
+
+
+def score_final(task: Task, problems: Sequence[Problem], out: MultiTurnRollouts) -> Float[Tensor, " N"]:
+    """The task's verifier reward of each row's final answer (its last model turn, :attr:`final_texts`); row i
+    answers ``problems[group_ids[i]]``. Tool output is never scored."""
+    final = dataclasses.replace(out.rollouts, texts=list(out.final_texts))
+    return score_rollouts(task, problems, final)
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """Everything a sampler needs to run tool turns, besides the model and the sampling distribution."""
+
+    runner: ToolRunner
+    max_turns: int
+    max_total_tokens: int
+    max_tool_tokens: int = 256
+    tool_format: ToolCallFormat = field(default_factory=lambda: ToolCallFormat())
+
+    def generate(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str],
+                 **kwargs: object) -> MultiTurnRollouts:  # fmt: skip
+        """:func:`generate_multiturn` with these settings (``kwargs``: its sampling arguments)."""
+        return generate_multiturn(
+            model, tokenizer, prompts, sandbox=self.runner, max_turns=self.max_turns,
+            max_total_tokens=self.max_total_tokens, max_tool_tokens=self.max_tool_tokens, tool_format=self.tool_format,
+            **kwargs,  # type: ignore[arg-type]
+        )  # fmt: skip
 
 
 @dataclass
@@ -217,9 +304,9 @@ def generate_multiturn(
                 stop_ids=set(stop_ids), pad_id=pad_id, generator=generator, use_cache=use_cache,
                 record_entropy=record_entropy, before_forward=versions_of, device=device,
             )  # fmt: skip
-        runnable = [(row, code) for row, code in calls if turn < max_turns]
+        runnable = [(row, code) for row, code in calls if turn < max_turns and len(row.ids) < max_total_tokens]
         for row, _ in calls:
-            if turn == max_turns:  # no turn left to read the output: end here
+            if turn == max_turns or len(row.ids) >= max_total_tokens:  # no turn or no room to read the output
                 row.done = row.truncated = True
         if runnable:
             results = sandbox.map([code for _, code in runnable])
@@ -361,6 +448,7 @@ def _assemble(
         texts=texts,
         pad_id=pad_id,
         behav_entropy=padded("entropies", 0.0, torch.float32) if record_entropy else None,
+        tool_mask=tool_mask,
     )
     counts = {k: torch.tensor([getattr(r, k) for r in rows], device=device) for k in ("calls", "errors", "timeouts")}
     metrics = RowMetrics(
@@ -370,4 +458,4 @@ def _assemble(
         turns=torch.tensor([r.turns for r in rows], device=device),
         tool_tokens=tool_mask.sum(dim=-1),
     )
-    return MultiTurnRollouts(rollouts, tool_mask, metrics, finals)
+    return MultiTurnRollouts(rollouts, metrics, finals)

@@ -15,11 +15,18 @@ field               shape     dtype      meaning
 ``truncated``       [N]       bool       hit ``max_new_tokens`` without EOS
 ``texts``           N         str        decoded responses, EOS and padding removed
 ``behav_entropy``   [N, T]    float32    entropy of the sampling distribution at each step (0 at pad); optional
+``tool_mask``       [N, T]    bool       True on tool-output tokens (context written by a tool, not sampled);
+                                         all False without tools (the default)
 ==================  ========  =========  =====================================================================
 
-Position ids are implicit: ``cumsum([prompt_mask; response_mask]) − 1``, so token t of a response sits at
-``prompt_len + t`` whatever the padding; the sampler and the learner's recompute both use this rule.
-The response mask of a row is a prefix (True up to and including EOS, or everywhere when truncated).
+A response is the model's sampled tokens interleaved with tool turns (:mod:`steadyrl.rollout.multiturn`):
+``response_mask`` marks the sampled tokens (trained on, importance-weighted, counted in ESS and KL) and ``tool_mask``
+the tool-output tokens (attended as context, never trained on); the two never overlap. Without tools the response
+mask is a prefix (True up to and including EOS, or everywhere when truncated); with tools it has holes.
+
+The **attention mask** of a row is ``[prompt_mask; response_mask | tool_mask]`` (:func:`attention_mask`) and the
+position ids are implicit, ``cumsum(attention) − 1``, so token t of a response sits at ``prompt_len + t`` whatever the
+padding; the sampler and the learner's recompute both use this rule.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ TOOL_VERSION: int = -2
 
 
 class TokenBatchLike(Protocol):
-    """Anything carrying the four token tensors a learner forward needs (:class:`Rollouts`, :class:`TokenBatch`)."""
+    """Anything carrying the token tensors a learner forward needs (:class:`Rollouts`, :class:`TokenBatch`)."""
 
     @property
     def prompt_ids(self) -> Tensor: ...
@@ -50,15 +57,33 @@ class TokenBatchLike(Protocol):
     def response_ids(self) -> Tensor: ...
     @property
     def response_mask(self) -> Tensor: ...
+    @property
+    def tool_mask(self) -> Tensor | None: ...
 
 
 class TokenBatch(NamedTuple):
-    """Prompt and response tokens without sampler metadata (layout and shapes as in :class:`Rollouts`)."""
+    """Prompt and response tokens without sampler metadata (layout and shapes as in :class:`Rollouts`).
+
+    ``tool_mask`` None means no tool-output token (all False).
+    """
 
     prompt_ids: Int[Tensor, "N P"]
     prompt_mask: Bool[Tensor, "N P"]
     response_ids: Int[Tensor, "N T"]
     response_mask: Bool[Tensor, "N T"]
+    tool_mask: Bool[Tensor, "N T"] | None = None
+
+
+def context_mask(batch: TokenBatchLike) -> Bool[Tensor, "N T"]:
+    """The attended response tokens, ``response_mask | tool_mask`` (sampled tokens and tool output), bool [N, T]."""
+    sampled = batch.response_mask.bool()
+    tool = getattr(batch, "tool_mask", None)  # None or absent (a batch type from before tool turns): no tool token
+    return sampled if tool is None else sampled | tool.bool()
+
+
+def attention_mask(batch: TokenBatchLike) -> Bool[Tensor, "N P+T"]:
+    """``[prompt_mask; response_mask | tool_mask]``: every real token of ``[prompt; response]``, bool [N, P + T]."""
+    return torch.cat([batch.prompt_mask.bool(), context_mask(batch)], dim=-1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,10 +101,15 @@ class Rollouts:
     texts: list[str]
     pad_id: int
     behav_entropy: Float[Tensor, "N T"] | None = None
+    tool_mask: Bool[Tensor, "N T"] | None = None
+    """None at construction becomes all False (no tool turn)."""
 
     def __post_init__(self) -> None:
         N, T = self.response_ids.shape
-        per_token = {"response_mask": self.response_mask, "behav_logp": self.behav_logp, "versions": self.versions}
+        if self.tool_mask is None:
+            object.__setattr__(self, "tool_mask", torch.zeros_like(self.response_mask, dtype=torch.bool))
+        per_token = {"response_mask": self.response_mask, "behav_logp": self.behav_logp, "versions": self.versions,
+                     "tool_mask": self.tool_mask}  # fmt: skip
         if self.behav_entropy is not None:
             per_token["behav_entropy"] = self.behav_entropy
         for name, value in per_token.items():
@@ -98,12 +128,12 @@ class Rollouts:
 
     @property
     def tokens(self) -> TokenBatch:
-        """The four token tensors (what the learner's forward needs)."""
-        return TokenBatch(self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask)
+        """The token tensors (what the learner's forward needs)."""
+        return TokenBatch(self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask, self.tool_mask)
 
     @property
     def response_lengths(self) -> Int[Tensor, " N"]:
-        """Number of trained tokens of each response (EOS included)."""
+        """Number of trained tokens of each response (EOS included; tool output excluded)."""
         return self.response_mask.sum(dim=-1)
 
     def to(self, device: torch.device | str) -> Rollouts:
@@ -133,6 +163,7 @@ class Rollouts:
             texts=[self.texts[i] for i in idx.tolist()],
             pad_id=self.pad_id,
             behav_entropy=entropy,
+            tool_mask=_tool_mask(self)[idx],
         )
         return _trim(picked)
 
@@ -145,28 +176,37 @@ def _right_pad(x: Tensor, width: int, fill: float | int | bool) -> Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=fill)
 
 
-def _kept_widths(prompt_mask: Tensor, response_mask: Tensor) -> tuple[int, int]:
-    """Prompt columns some row uses (counted from the right) and response columns some row uses (from the left)."""
-    if prompt_mask.shape[0] == 0:
+def _tool_mask(r: Rollouts) -> Tensor:
+    """``r.tool_mask``; all False for a Rollouts unpickled from before tool turns existed (the class default None)."""
+    return torch.zeros_like(r.response_mask, dtype=torch.bool) if r.tool_mask is None else r.tool_mask
+
+
+def _kept_widths(tokens: TokenBatchLike) -> tuple[int, int]:
+    """Prompt columns some row uses (counted from the right) and response columns up to the last one some row
+    attends (from the left; a sampled or a tool token: the response mask has holes after a tool turn)."""
+    if tokens.prompt_mask.shape[0] == 0:
         return 0, 0
-    return int(prompt_mask.sum(dim=-1).max()), int(response_mask.sum(dim=-1).max())
+    used = context_mask(tokens).any(dim=0)  # [T]
+    last = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
+    return int(tokens.prompt_mask.sum(dim=-1).max()), last
 
 
 def trim_padding(tokens: TokenBatch) -> TokenBatch:
     """Drop the padding columns every row has: left of the prompts, right of the responses (values unchanged)."""
-    p_keep, t_keep = _kept_widths(tokens.prompt_mask, tokens.response_mask)
+    p_keep, t_keep = _kept_widths(tokens)
     P = tokens.prompt_ids.shape[1]
     return TokenBatch(
         tokens.prompt_ids[:, P - p_keep :],
         tokens.prompt_mask[:, P - p_keep :],
         tokens.response_ids[:, :t_keep],
         tokens.response_mask[:, :t_keep],
+        None if tokens.tool_mask is None else tokens.tool_mask[:, :t_keep],
     )
 
 
 def _trim(r: Rollouts) -> Rollouts:
     """:func:`trim_padding` for every per-token field of ``r``."""
-    p_keep, t_keep = _kept_widths(r.prompt_mask, r.response_mask)
+    p_keep, t_keep = _kept_widths(r)
     P, T = r.prompt_ids.shape[1], r.response_ids.shape[1]
     if p_keep == P and t_keep == T:
         return r
@@ -184,6 +224,7 @@ def _trim(r: Rollouts) -> Rollouts:
         texts=r.texts,
         pad_id=r.pad_id,
         behav_entropy=entropy,
+        tool_mask=tokens.tool_mask,
     )
 
 
@@ -220,4 +261,5 @@ def concat(parts: Sequence[Rollouts]) -> Rollouts:
         texts=[t for p in parts for t in p.texts],
         pad_id=pad,
         behav_entropy=entropy,
+        tool_mask=torch.cat([_right_pad(_tool_mask(p), T, False) for p in parts]),
     )

@@ -35,12 +35,15 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from steadyrl.rollout.multiturn import ToolUse, score_final
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
 from steadyrl.rollout.scored import ScoredRollouts, score_rollouts
+from steadyrl.rollout.vllm_engine import VLLMEngine, engine_from_config, engine_mismatch
 from steadyrl.runtime.order import problem_order
 from steadyrl.tasks import Problem, Task
-from steadyrl.train.seeding import generator
+from steadyrl.tools import SandboxPool
+from steadyrl.train.seeding import derive_seed, generator
 
 if TYPE_CHECKING:
     from steadyrl.train.config import SamplingConfig, TrainConfig
@@ -176,7 +179,14 @@ class LagSampler:
         group_size: int,
         seed: int,
         record_entropy: bool = False,
+        engine: VLLMEngine | None = None,
     ) -> None:
+        if engine is not None and record_entropy:
+            raise ValueError("the vLLM engine does not return the behavior entropy (record_entropy)")
+        self.engine = engine
+        """``rollout.engine=vllm``: samples instead of :func:`generate`; :attr:`sampler` then holds the same weights
+        for the engine-vs-trainer mismatch (:func:`~steadyrl.rollout.vllm_engine.engine_mismatch`)."""
+        self._engine_step: int | None = None
         self.sampler = copy.deepcopy(model).eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.ring = SnapshotRing(schedule)
@@ -197,19 +207,33 @@ class LagSampler:
             group_size=cfg.group_size,
             seed=cfg.seed,
             record_entropy=record_entropy,
+            engine=engine_from_config(cfg.rollout, model=model, tokenizer=tokenizer),
         )
 
     def publish(self, *, step: int, version: int, model: nn.Module) -> None:
         """The learner's weights at the start of ``step`` (call once per step, in order, from step 0)."""
         self.ring.publish(step=step, version=version, model=model)
 
-    def sample(self, *, step: int, prompts: list[str]) -> Rollouts:
-        """Sample ``group_size`` responses per prompt with the weights the schedule assigns to ``step``."""
+    def load(self, step: int) -> Snapshot:
+        """Load the weights the schedule assigns to ``step`` into :attr:`sampler` (if not already there)."""
         snap = self.ring.get(step)
         if self._loaded != snap.step:
             self.sampler.load_state_dict(snap.state)
             self._loaded = snap.step
+        return snap
+
+    def sample(self, *, step: int, prompts: list[str]) -> Rollouts:
+        """Sample ``group_size`` responses per prompt with the weights the schedule assigns to ``step``."""
+        snap = self.load(step)
         s = self.sampling
+        if self.engine is not None:  # weights updated in place once per snapshot; one version per call
+            if self._engine_step != snap.step:
+                self.engine.update_weights(snap.state, version=snap.version)
+                self._engine_step = snap.step
+            return self.engine.generate(
+                prompts, group_size=self.group_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                top_p=s.top_p, top_k=s.top_k, seed=derive_seed(self.seed, "sample", step), version=snap.version,
+            )  # fmt: skip
         with torch.no_grad():
             return generate(
                 self.sampler,
@@ -234,7 +258,7 @@ class LagSampler:
         published as usual.
         """
         self.ring.restart(step=step, version=version, model=model)
-        self._loaded = None
+        self._loaded = self._engine_step = None
 
     def state_dict(self) -> dict[str, Any]:
         """The snapshot ring (the sampler model is rebuilt from it)."""
@@ -243,21 +267,38 @@ class LagSampler:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.ring.load_state_dict(state["ring"])
-        self._loaded = None
+        self._loaded = self._engine_step = None
+
+    def close(self) -> None:
+        """Stop the vLLM engine, if any."""
+        if self.engine is not None:
+            self.engine.close()
 
 
 class LagSource:
     """``runtime.mode=lag`` as the training loop sees it: step t takes slots t·P … t·P+P−1 of the problem order
     (:mod:`steadyrl.runtime.order`), the :class:`LagSampler` samples them with the weights its schedule names, and
-    the task's verifier scores them."""
+    the task's verifier scores them.
+
+    With ``tools`` (``tools.enabled``), the sampler's weights generate multi-turn trajectories instead
+    (:func:`steadyrl.rollout.multiturn.generate_multiturn`, tool calls run in the source's :class:`SandboxPool`,
+    closed by :meth:`close`), the verifier scores each trajectory's last model turn, and the batch's metrics add
+    ``tool/*``, ``turns/mean`` and ``response/context_len_mean``.
+
+    With ``rollout.engine=vllm`` a :class:`~steadyrl.rollout.vllm_engine.VLLMEngine` samples (its weights reloaded in
+    place when the snapshot changes) and each batch adds ``mismatch/*``: the engine's μ against the trainer's
+    recompute on the very weights that sampled, the part of ``is/*`` and ``kl/*`` that is not lag.
+    """
 
     def __init__(self, sampler: LagSampler, *, task: Task, train_pool: list[Problem], prompts_per_step: int,
-                 seed: int) -> None:  # fmt: skip
+                 seed: int, tools: ToolUse | None = None, sandbox: SandboxPool | None = None) -> None:  # fmt: skip
         self.sampler = sampler
         self.task = task
         self.train_pool = train_pool
         self.prompts_per_step = prompts_per_step
         self.seed = seed
+        self.tools = tools
+        self.sandbox = sandbox  # owned: closed by close()
 
     @classmethod
     def from_config(
@@ -266,7 +307,27 @@ class LagSource:
     ) -> LagSource:  # fmt: skip
         """The source ``cfg`` describes."""
         sampler = LagSampler.from_config(cfg, model=model, tokenizer=tokenizer, record_entropy=record_entropy)
-        return cls(sampler, task=task, train_pool=train_pool, prompts_per_step=cfg.prompts_per_step, seed=cfg.seed)
+        sandbox = SandboxPool(cfg.tools.sandbox) if cfg.tools.enabled else None
+        tools = None if sandbox is None else cfg.tools.tool_use(sandbox)
+        return cls(sampler, task=task, train_pool=train_pool, prompts_per_step=cfg.prompts_per_step, seed=cfg.seed,
+                   tools=tools, sandbox=sandbox)  # fmt: skip
+
+    def _sample_with_tools(self, tools: ToolUse, *, step: int, problems: list[Problem]) -> ScoredRollouts:
+        sampler = self.sampler
+        snap = sampler.load(step)
+        s = sampler.sampling
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = tools.generate(
+                sampler.sampler, sampler.tokenizer, [p.prompt for p in problems], group_size=sampler.group_size,
+                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, generator=generator(self.seed, "sample", step),
+                version=snap.version, record_entropy=sampler.record_entropy,
+            )  # fmt: skip
+        t1 = time.perf_counter()
+        rewards = score_final(self.task, problems, out)
+        t2 = time.perf_counter()
+        metrics = {"time/sample_s": t1 - t0, "time/score_s": t2 - t1} | out.summary()
+        return ScoredRollouts(out.rollouts, rewards, metrics)
 
     def publish(self, *, step: int, version: int, model: nn.Module) -> None:
         """See :meth:`LagSampler.publish`."""
@@ -276,12 +337,18 @@ class LagSource:
         """The scored batch of learner step ``step``."""
         idx = problem_order(step, pool=len(self.train_pool), per_step=self.prompts_per_step, seed=self.seed)
         problems = [self.train_pool[i] for i in idx]
+        if self.tools is not None:
+            return self._sample_with_tools(self.tools, step=step, problems=problems)
         t0 = time.perf_counter()
         rollouts = self.sampler.sample(step=step, prompts=[p.prompt for p in problems])
         t1 = time.perf_counter()
         rewards = score_rollouts(self.task, problems, rollouts)
         t2 = time.perf_counter()
-        return ScoredRollouts(rollouts, rewards, {"time/sample_s": t1 - t0, "time/score_s": t2 - t1})
+        metrics = {"time/sample_s": t1 - t0, "time/score_s": t2 - t1}
+        if self.sampler.engine is not None:  # engine vs trainer on the sampling weights: the lag-free mismatch
+            metrics |= engine_mismatch(self.sampler.sampler, rollouts, temperature=self.sampler.sampling.temperature)
+            metrics["time/mismatch_s"] = time.perf_counter() - t2
+        return ScoredRollouts(rollouts, rewards, metrics)
 
     def restart(self, *, step: int, version: int, model: nn.Module) -> None:
         """See :meth:`LagSampler.restart`."""
@@ -296,4 +363,7 @@ class LagSource:
         self.sampler.load_state_dict(state)
 
     def close(self) -> None:
-        """Nothing to release (one process)."""
+        """End the sandbox pool's calls and processes, if tools are on, and the vLLM engine, if any."""
+        if self.sandbox is not None:
+            self.sandbox.close()
+        self.sampler.close()

@@ -10,9 +10,9 @@ weights             one flat array in shared memory (``multiprocessing.RawArray`
                     while copied in or out (4 MiB for the default model: about a millisecond).
 claims, counters    shared integers under one lock (:class:`LocalShared`); admission is
                     :func:`~steadyrl.runtime.concurrent.admitted` on them.
-completed groups    one file per group in a spool directory (``/dev/shm`` when present), written to a temporary name
-                    and renamed: a sampler killed mid-write leaves no partial group. The learner moves them into its
-                    pool (in completion order) and deletes them.
+completed groups    one file per sampler call (all its groups) in a spool directory (``/dev/shm`` when present),
+                    written to a temporary name and renamed: a sampler killed mid-write leaves no partial group.
+                    The learner moves them into its pool (in completion order) and deletes the files.
 ==================  ====================================================================================================
 
 Samplers ignore SIGINT (Ctrl-C is the learner's: it stops after the step, checkpoints, then stops them) and get
@@ -140,10 +140,12 @@ class LocalChannel:
             layout.load_into(model, self._flat)
         return version
 
-    def deliver(self, sampler: int, record: GroupRecord) -> None:
-        final = self.spool / f"g{record.group_id:012d}.pt"
+    def deliver(self, sampler: int, records: list[GroupRecord]) -> None:
+        if not records:
+            return
+        final = self.spool / f"g{records[0].group_id:012d}-{len(records)}.pt"
         tmp = self.spool / f".{final.name}.{os.getpid()}.tmp"
-        torch.save(record.to_state(), tmp)
+        torch.save({"records": [r.to_state() for r in records]}, tmp)
         os.replace(tmp, final)
 
     def add_busy(self, sampler: int, seconds: float) -> None:
@@ -217,7 +219,7 @@ class LocalSource(ConcurrentSource):
         for f in sorted(self.spool.glob("g*.pt")):
             state = torch.load(f, map_location="cpu", weights_only=True)
             f.unlink()
-            records.append(GroupRecord.from_state(state))
+            records.extend(GroupRecord.from_state(r) for r in state["records"])
         return records
 
     def _wait(self) -> None:

@@ -14,7 +14,7 @@ coordinator         one small asyncio :class:`Coordinator` actor (``num_cpus=0``
 weights             each publish is ONE ``ray.put`` of the flat parameter array (its bytes, any dtype) into the object
                     store; the coordinator keeps only the newest reference, so older versions are freed and a sampler
                     always loads the newest (zero-copy from shared memory on its node, one transfer per node).
-completed groups    one ``deliver`` call per group (its rollouts, rewards, versions: all of it or nothing), queued by
+completed groups    one ``deliver`` call per sampler call (all its groups or none), queued by
                     the coordinator until the learner drains them into its pool.
 ==================  ====================================================================================================
 
@@ -163,8 +163,8 @@ class Coordinator:
     async def get_version(self) -> int:
         return self.version
 
-    async def deliver(self, state: dict[str, Any]) -> None:
-        self.groups.append(state)
+    async def deliver(self, states: list[dict[str, Any]]) -> None:
+        self.groups.extend(states)
         self._notify()
 
     async def add_time(self, sampler: int, idle: float, busy: float) -> None:
@@ -216,11 +216,11 @@ class RayChannel:
         self._version = max(self._version, int(version))
         return int(version)
 
-    def deliver(self, sampler: int, record: GroupRecord) -> None:
-        """One call per group (all of it or nothing), waited for at the next :meth:`claim` (an asyncio actor may run
-        one caller's calls out of order), so a group is queued before the claim that covered it is replaced; a
-        sampler that dies first leaves it in that claim, redone by its replacement."""
-        self._delivering.append(self.coord.deliver.remote(record.to_state()))
+    def deliver(self, sampler: int, records: list[GroupRecord]) -> None:
+        """One call per sampler call (all of its groups or none), waited for at the next :meth:`claim` (an asyncio
+        actor may run one caller's calls out of order), so the groups are queued before the claim that covered them
+        is replaced; a sampler that dies first leaves them in that claim, redone by its replacement."""
+        self._delivering.append(self.coord.deliver.remote([r.to_state() for r in records]))
 
     def add_busy(self, sampler: int, seconds: float) -> None:
         self.coord.add_time.remote(sampler, 0.0, seconds)

@@ -20,12 +20,15 @@ import torch
 from torch import nn
 
 from steadyrl.pool.records import GroupRecord
+from steadyrl.rollout.multiturn import ToolUse, score_final
 from steadyrl.rollout.sampler import generate
 from steadyrl.rollout.scored import score_rollouts
+from steadyrl.rollout.vllm_engine import VLLMEngine, engine_from_config
 from steadyrl.runtime.order import problem_indices
 from steadyrl.runtime.weights import FlatLayout
 from steadyrl.tasks import build_task
-from steadyrl.train.seeding import generator
+from steadyrl.tools import SandboxPool
+from steadyrl.train.seeding import derive_seed, generator
 
 if TYPE_CHECKING:
     from steadyrl.train.config import TrainConfig
@@ -47,8 +50,9 @@ class SamplerChannel(Protocol):
         """Load the newest published weights into ``model`` in place; returns their version."""
         ...
 
-    def deliver(self, sampler: int, record: GroupRecord) -> None:
-        """Hand a completed group to the learner's pool (atomically: all of it or nothing)."""
+    def deliver(self, sampler: int, records: list[GroupRecord]) -> None:
+        """Hand the completed groups of one sampler call to the learner's pool (atomically: all of them or none; one
+        transfer per call, not per group, so a learner that discards many groups does not pay a transfer for each)."""
         ...
 
     def add_busy(self, sampler: int, seconds: float) -> None:
@@ -72,7 +76,33 @@ class SamplerSpec:
 
 
 def run_sampler(spec: SamplerSpec, channel: SamplerChannel) -> None:
-    """The sampler loop; returns when ``channel.claim`` says the run is over."""
+    """The sampler loop; returns when ``channel.claim`` says the run is over.
+
+    With ``tools.enabled`` the sampler owns a :class:`SandboxPool` (closed when the loop ends, however it ends) and
+    generates multi-turn trajectories (:func:`steadyrl.rollout.multiturn.generate_multiturn`); the reward scores each
+    trajectory's last model turn. The per-row tool counts stay here (a group record carries tokens and masks only);
+    the learner derives ``tool/calls_mean``, ``turns/mean`` and ``response/context_len_mean`` from the masks.
+
+    With ``rollout.engine=vllm`` the sampler owns a :class:`~steadyrl.rollout.vllm_engine.VLLMEngine` (closed the same
+    way): newer weights are loaded into it in place before a call, never during one, so every token of a call records
+    the version at the call (the config requires ``runtime.inflight=false``).
+    """
+    cfg = spec.cfg
+    sandbox = SandboxPool(cfg.tools.sandbox) if cfg.tools.enabled else None
+    engine = None
+    try:
+        engine = engine_from_config(cfg.rollout, model=spec.model, tokenizer=spec.tokenizer, version=-1)
+        _sample_until_done(spec, channel, tools=None if sandbox is None else cfg.tools.tool_use(sandbox), engine=engine)
+    finally:
+        if engine is not None:
+            engine.close()
+        if sandbox is not None:
+            sandbox.close()
+
+
+def _sample_until_done(
+    spec: SamplerSpec, channel: SamplerChannel, *, tools: ToolUse | None, engine: VLLMEngine | None = None
+) -> None:
     cfg = spec.cfg
     torch.set_num_threads(cfg.runtime.sampler_threads)
     task = build_task(cfg.task)
@@ -102,33 +132,40 @@ def run_sampler(spec: SamplerSpec, channel: SamplerChannel) -> None:
 
         idx = [problem_indices(g, 1, pool=len(train_pool), seed=cfg.seed)[0] for g in ids]
         problems = [train_pool[i] for i in idx]
+        sample_kw: dict[str, Any] = dict(
+            group_size=G, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+            generator=generator(cfg.seed, "sample", ids[0], spec.index, spec.incarnation), version=version,
+            record_entropy=spec.record_entropy, before_forward=before_forward,
+        )  # fmt: skip
+        prompts = [p.prompt for p in problems]
         with torch.no_grad():
-            rollouts = generate(
-                model,
-                spec.tokenizer,
-                [p.prompt for p in problems],
-                group_size=G,
-                max_new_tokens=s.max_new_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                generator=generator(cfg.seed, "sample", ids[0], spec.index, spec.incarnation),
-                version=version,
-                record_entropy=spec.record_entropy,
-                before_forward=before_forward,
-            )
-        rewards = score_rollouts(task, problems, rollouts)
+            if engine is not None:  # one vLLM call runs with one set of weights (no in-flight update)
+                if engine.version != version:
+                    engine.update_weights(model, version=version)
+                rollouts = engine.generate(
+                    prompts, group_size=G, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                    top_k=s.top_k, seed=derive_seed(cfg.seed, "sample", ids[0], spec.index, spec.incarnation),
+                    version=version,
+                )  # fmt: skip
+                rewards = score_rollouts(task, problems, rollouts)
+            elif tools is None:
+                rollouts = generate(model, spec.tokenizer, prompts, max_new_tokens=s.max_new_tokens, **sample_kw)
+                rewards = score_rollouts(task, problems, rollouts)
+            else:  # multi-turn with the sandbox; the reward scores each trajectory's last model turn
+                out = tools.generate(model, spec.tokenizer, prompts, **sample_kw)
+                rollouts, rewards = out.rollouts, score_final(task, problems, out)
         done = time.time()
-        for k, g in enumerate(ids):
-            rows = list(range(k * G, (k + 1) * G))
-            record = GroupRecord(
+        records = [
+            GroupRecord(
                 group_id=g,
                 problem_index=idx[k],
-                rollouts=rollouts.select(rows),
+                rollouts=rollouts.select(list(range(k * G, (k + 1) * G))),
                 rewards=rewards[k * G : (k + 1) * G].clone(),
                 sampler=spec.index,
                 started_at=started,
                 completed_at=done,
             )
-            channel.deliver(spec.index, record)
+            for k, g in enumerate(ids)
+        ]
+        channel.deliver(spec.index, records)
         channel.add_busy(spec.index, time.perf_counter() - t0)

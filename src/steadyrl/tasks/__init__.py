@@ -4,6 +4,8 @@
 task (``name``)        source                                          verifier
 =====================  ==============================================  =================================
 ``chain_sum``          reasoning-gym generator; ``12+3-4=`` → ``11``  reasoning-gym ``score_answer``
+``chain_sum_tool``     chain_sum with 4–5 digit terms, answered by     reasoning-gym ``score_answer`` of
+                       calling the Python tool (``tool_arithmetic``)   the text after the last fence
 ``basic_arithmetic``   reasoning-gym generator; ``(2+-8)*4=``          reasoning-gym ``score_answer``
 ``countdown``          reasoning-gym generator, cached as JSONL        reasoning-gym countdown scorer
 ``gsm8k``              local JSONL/Parquet (``#### <number>``)         math-verify
@@ -21,6 +23,7 @@ from steadyrl.tasks.arithmetic import BasicArithmeticTask, ChainSumTask
 from steadyrl.tasks.config import (
     BasicArithmeticConfig,
     ChainSumConfig,
+    ChainSumToolConfig,
     CountdownConfig,
     Gsm8kConfig,
     MathConfig,
@@ -29,10 +32,12 @@ from steadyrl.tasks.config import (
 )
 from steadyrl.tasks.countdown import CountdownTask
 from steadyrl.tasks.file_tasks import Gsm8kTask, MathTask
+from steadyrl.tasks.tool_arithmetic import ChainSumToolTask, DemoTurn, ToolDemonstrations
 from steadyrl.tasks.types import DatasetError, Problem, Split, Task
 
 _BUILDERS = {
     ChainSumConfig: ChainSumTask.from_config,
+    ChainSumToolConfig: ChainSumToolTask.from_config,
     BasicArithmeticConfig: BasicArithmeticTask.from_config,
     CountdownConfig: CountdownTask.from_config,
     Gsm8kConfig: Gsm8kTask.from_config,
@@ -50,9 +55,12 @@ __all__ = [
     "BasicArithmeticTask",
     "ChainSumConfig",
     "ChainSumTask",
+    "ChainSumToolConfig",
+    "ChainSumToolTask",
     "CountdownConfig",
     "CountdownTask",
     "DatasetError",
+    "DemoTurn",
     "Gsm8kConfig",
     "Gsm8kTask",
     "MathConfig",
@@ -61,6 +69,7 @@ __all__ = [
     "Split",
     "Task",
     "TaskConfig",
+    "ToolDemonstrations",
     "build_task",
     "parse_task_config",
 ]

@@ -94,6 +94,26 @@ class ChainSumConfig(_GeneratedTaskConfig):
         return self
 
 
+class ChainSumToolConfig(_GeneratedTaskConfig):
+    """chain_sum with numbers too large to add reliably without a tool (prompt ``48213+9377+51234=``): the
+    demonstration calls the Python tool (`` ```python\nprint(48213+9377+51234)\n``` ``), reads its output turn, then
+    writes the answer. Scoring takes the text after the last ``` fence (docs/tools.md)."""
+
+    name: Literal["chain_sum_tool"] = Field("chain_sum_tool", description="Task: chain_sum with the Python tool.")
+    min_terms: int = Field(2, ge=1, le=MAX_TERMS, description="Fewest terms in an expression.")
+    max_terms: int = Field(3, ge=1, le=MAX_TERMS, description="Most terms in an expression.")
+    min_digits: int = Field(4, ge=1, le=MAX_DIGITS, description="Fewest digits per term (all terms of one problem "
+                            "share a digit count).")
+    max_digits: int = Field(5, ge=1, le=MAX_DIGITS, description="Most digits per term.")
+    allow_negation: bool = Field(False, description="Allow negative terms (written `12+-5=`).")
+
+    @model_validator(mode="after")
+    def _ranges_ordered(self) -> ChainSumToolConfig:
+        _check_range(self.min_terms, self.max_terms, low_name="min_terms", high_name="max_terms")
+        _check_range(self.min_digits, self.max_digits, low_name="min_digits", high_name="max_digits")
+        return self
+
+
 class BasicArithmeticConfig(_GeneratedTaskConfig):
     """reasoning-gym ``basic_arithmetic`` with parentheses and standard precedence; prompt ``(2+-8)*4=``.
 
@@ -221,7 +241,7 @@ class MathConfig(_FileTaskConfig):
 
 
 TaskConfig = Annotated[
-    ChainSumConfig | BasicArithmeticConfig | CountdownConfig | Gsm8kConfig | MathConfig,
+    ChainSumConfig | BasicArithmeticConfig | CountdownConfig | Gsm8kConfig | MathConfig | ChainSumToolConfig,
     Field(discriminator="name"),
 ]
 """Any task's configuration; ``name`` selects the task."""

@@ -5,7 +5,8 @@ Key scheme (one name per setting, no aliases):
 * The keys a run is usually varied by are **top level**: ``task``, ``model``, ``method``, ``lag``, ``steps``, ``seed``,
   ``out_dir``, ``group_size``, ``prompts_per_step``, ``lr``, ``resume``.
 * Everything else lives in a **section**: ``sampling``, ``optim``, ``critic``, ``eval``, ``data``, ``checkpoint``,
-  ``runtime``, ``log``, ``guard``; override with dotted keys (``optim.weight_decay=0.1``, ``eval.every=10``).
+  ``runtime``, ``log``, ``guard``, ``pool``, ``tools``; override with dotted keys (``optim.weight_decay=0.1``,
+  ``eval.every=10``).
 * ``task``, ``model`` and ``method`` are sections with a ``name``; a bare value sets the name (``task=countdown``,
   ``method=seq_tis+gac``). Method options go under ``method`` with the method's own dotted names
   (``method.seq_tis.cap=4``, ``method.agg=token-mean``; see ``steadyrl methods``).
@@ -25,7 +26,9 @@ from steadyrl.methods.resolve import required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
 from steadyrl.models import ModelConfig
 from steadyrl.pool.config import PoolConfig
+from steadyrl.rollout.multiturn import SharedCalls, ToolCallFormat, ToolRunner, ToolUse
 from steadyrl.tasks.config import ChainSumConfig, TaskConfig
+from steadyrl.tools.config import SandboxConfig
 from steadyrl.train.critic import CriticConfig
 from steadyrl.train.guard import GuardConfig
 
@@ -41,6 +44,9 @@ PROVIDED_INPUTS: frozenset[str] = frozenset(
 #: warm start gains about +30 points here in 200 steps, against about +11 on the 2–3 terms of 1–2 digits of
 #: ``ChainSumConfig()``, where RL plateaus near the warm start's greedy accuracy (measured; see the README).
 MAIN_JOB_TASK = ChainSumConfig(min_terms=2, max_terms=2, min_digits=2, max_digits=2)
+
+#: The placeholder of ``tools.output_template``.
+OUTPUT_SLOT = "{output}"
 
 #: Upper bounds that keep a value within what this single-process runtime can hold.
 MAX_STEPS = 10_000_000
@@ -111,6 +117,34 @@ class SamplingConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus truncation (1 = off). behav_logp is recorded under "
                          "the truncated distribution, so top_p < 1 is itself an off-policy mismatch.")
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
+
+
+class RolloutConfig(_Section):
+    """Which engine samples the rollouts, and how vLLM is built when it does (docs/vllm.md).
+
+    ``transformers`` (default): :func:`steadyrl.rollout.sampler.generate` in the sampler's own process. ``vllm``:
+    :class:`steadyrl.rollout.vllm_engine.VLLMEngine`, a ``vllm.LLM`` in a child process with weights updated in place
+    (needs vLLM: ``bash scripts/setup_vllm.sh``, then ``.venv-vllm/bin/steadyrl``). The other fields apply to vllm only.
+    """
+
+    engine: Literal["transformers", "vllm"] = Field("transformers", description="transformers: steadyrl's own "
+                                                     "KV-cache sampler; vllm: a vLLM engine (CPU build here, the "
+                                                     "device where vLLM finds one). vllm adds the mismatch/* metrics "
+                                                     "in runtime.mode=lag.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="vllm: dtype of the engine's "
+                                                             "weights and activations (the trainer keeps model.dtype);"
+                                                             " lower precision shows up in mismatch/*.")
+    kv_cache_gb: float | None = Field(1.0, gt=0, le=65_536, description="vllm: KV-cache memory in GiB (CPU RAM, or "
+                                      "device memory on a GPU); null: vLLM sizes it from gpu_memory_utilization.")
+    max_model_len: int | None = Field(None, ge=2, le=10_000_000, description="vllm: longest prompt + response in "
+                                      "tokens (null: the model's max_position_embeddings).")
+    enforce_eager: bool = Field(True, description="vllm: no CUDA graphs or torch.compile (fast start-up; on a GPU, "
+                                "false decodes faster after a slower start).")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vllm: fraction of device memory (CPU: RAM) "
+                                          "vLLM may take when kv_cache_gb is null; keep room for the learner when "
+                                          "both share a GPU.")
+    max_num_seqs: int | None = Field(None, ge=1, le=MAX_BATCH, description="vllm: rows decoded together (null: "
+                                     "vLLM's default).")
 
 
 class OptimConfig(_Section):
@@ -199,6 +233,61 @@ class RuntimeConfig(_Section):
         return self.sampler_batch or max(1, prompts_per_step // self.samplers)
 
 
+class ToolsConfig(_Section):
+    """Tool-integrated rollouts: the model may call a sandboxed Python interpreter (``steadyrl.rollout.multiturn``).
+
+    When enabled, every sampler (runtime lag, local and ray) and the held-out eval generate with
+    ``generate_multiturn``: a closed call (``call_open`` code ``call_close``) runs in a :class:`SandboxPool` the
+    sampler owns, its output is appended as a tool turn (attended, never trained on: ``tool_mask``), and generation
+    continues, up to ``max_turns`` model turns and ``max_total_tokens`` response tokens (``sampling.max_new_tokens``
+    is then unused). Rewards score the last model turn only. See docs/tools.md.
+    """
+
+    enabled: bool = Field(False, description="Sample multi-turn trajectories with the Python tool (off: single-turn "
+                          "sampling, the model's tool calls are plain text).")
+    max_turns: int = Field(3, ge=1, le=1024, description="Model turns per trajectory (1: no call is ever run).")
+    max_total_tokens: int = Field(96, ge=1, le=MAX_NEW_TOKENS, description="Cap on a response's tokens, sampled "
+                                  "and tool output together; a trajectory that reaches it is truncated.")
+    max_tool_tokens: int = Field(32, ge=1, le=MAX_NEW_TOKENS, description="Output budget: tokens of one tool "
+                                 "output kept (the rest is cut; the output template stays).")
+    share_calls: bool = Field(False, description="Run each distinct code of one turn once and give its result to "
+                              "every trajectory that wrote it (exact for deterministic code; saves ~0.1 s per "
+                              "duplicate sandbox start).")
+    call_open: str = Field("```python", min_length=1, description="Text that opens a tool call (the code follows).")
+    call_close: str = Field("```", min_length=1, description="Text that closes a call (searched after call_open).")
+    output_template: str = Field("\n```output\n{output}\n```\n", description="The tool turn appended after a "
+                                 "call; {output} (exactly once) is replaced by the tool's stdout (and, on failure, "
+                                 "stderr and the limit that stopped it).")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Limits and isolation of each call "
+                                   "and the workers of the pool (steadyrl.tools).")
+
+    @field_validator("output_template")
+    @classmethod
+    def _one_output_slot(cls, value: str) -> str:
+        if value.count(OUTPUT_SLOT) != 1:
+            raise ValueError(f"must contain {OUTPUT_SLOT} exactly once, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _tool_output_fits(self) -> ToolsConfig:
+        if self.max_tool_tokens >= self.max_total_tokens:
+            raise ValueError(
+                f"max_tool_tokens ({self.max_tool_tokens}) must be < max_total_tokens ({self.max_total_tokens}): "
+                "one tool output would fill the whole response"
+            )
+        return self
+
+    def call_format(self) -> ToolCallFormat:
+        """The call and output markers as :class:`~steadyrl.rollout.multiturn.ToolCallFormat`."""
+        return ToolCallFormat(open=self.call_open, close=self.call_close, output_template=self.output_template)
+
+    def tool_use(self, runner: ToolRunner) -> ToolUse:
+        """What a sampler needs to run tool turns with ``runner`` (e.g. a ``SandboxPool(self.sandbox)``)."""
+        shared = SharedCalls(runner) if self.share_calls else runner
+        return ToolUse(runner=shared, max_turns=self.max_turns, max_total_tokens=self.max_total_tokens,
+                       max_tool_tokens=self.max_tool_tokens, tool_format=self.call_format())  # fmt: skip
+
+
 class LogConfig(_Section):
     """Outputs besides metrics.jsonl."""
 
@@ -234,6 +323,8 @@ class TrainConfig(_Section):
     resume: bool = Field(False, description="Continue the run in out_dir from its latest valid checkpoint.")
     overwrite: bool = Field(False, description="Delete an existing run in out_dir instead of refusing to start.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampler settings.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling engine: transformers "
+                                   "(default) or vllm (docs/vllm.md).")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer settings.")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="COPC's value head (used only by "
                                  "methods whose advantage needs critic values).")
@@ -246,6 +337,8 @@ class TrainConfig(_Section):
                                "KL and gradient norm; warn, stop or roll back on alarm.")
     pool: PoolConfig = Field(default_factory=PoolConfig, description="local/ray: the rollout pool between samplers "
                              "and learner, and its staleness policy.")
+    tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Tool-integrated (multi-turn) rollouts with "
+                               "a sandboxed Python interpreter; off by default.")
 
     @model_validator(mode="after")
     def _minibatches_divide_prompts(self) -> TrainConfig:
@@ -285,6 +378,22 @@ class TrainConfig(_Section):
                 f"pool.target_occupancy ({self.pool.target_occupancy}) must be >= prompts_per_step ({P}) or 0 "
                 "(default: 2 × prompts_per_step)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _engine_supports_the_run(self) -> TrainConfig:
+        if self.rollout.engine != "vllm":
+            return self
+        if self.tools.enabled:
+            raise ValueError("rollout.engine=vllm does not run tool turns: set tools.enabled=false or "
+                             "rollout.engine=transformers")  # fmt: skip
+        if "behav_entropy" in required_inputs(self.method.resolve()):
+            raise ValueError(f"method {self.method.name!r} needs the behavior entropy, which rollout.engine=vllm does "
+                             "not return: use rollout.engine=transformers")  # fmt: skip
+        if self.runtime.mode != "lag" and self.runtime.inflight and not self.runtime.sync:
+            raise ValueError("runtime.inflight=true is not possible with rollout.engine=vllm (one vLLM generate call "
+                             "runs with one set of weights; tokens carry the version at the call): set "
+                             "runtime.inflight=false")  # fmt: skip
         return self
 
     @model_validator(mode="after")

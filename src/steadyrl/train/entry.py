@@ -77,6 +77,10 @@ def run(cfg: TrainConfig) -> Any:
     """Train with the runtime ``cfg.runtime.mode`` names; returns :class:`steadyrl.train.loop.RunResult`."""
     from steadyrl.train.loop import train
 
+    if cfg.rollout.engine == "vllm":  # before the model loads: fail in a second, not after a warm start
+        from steadyrl.rollout.vllm_engine import require_vllm
+
+        require_vllm()
     return train(cfg, make_source=SOURCES[cfg.runtime.mode])
 
 
@@ -113,11 +117,18 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
+    from steadyrl.rollout.vllm_engine import VLLMUnavailableError
     from steadyrl.train.loop import RunDirError
 
+    if cfg.runtime.mode == "ray":  # before the model loads: a missing Ray is one line, not a traceback
+        try:
+            import steadyrl.runtime.ray  # noqa: F401
+        except ImportError as err:
+            print(f"steadyrl train: {err}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         result = run(cfg)
-    except RunDirError as err:
+    except (RunDirError, VLLMUnavailableError) as err:
         print(f"steadyrl train: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

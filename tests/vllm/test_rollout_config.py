@@ -1,0 +1,54 @@
+"""The ``rollout`` section: what the config refuses with the vLLM engine, the settings it hands the engine, and the
+one-line error where vLLM is missing. Runs in every interpreter (vLLM is never imported)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from steadyrl.rollout.vllm_engine import SETUP_HINT, VLLMSettings, engine_from_config, vllm_available
+from steadyrl.train.config import RolloutConfig, TrainConfig
+from steadyrl.train.configio import ConfigError, load_config
+from steadyrl.train.entry import main
+
+
+@pytest.mark.parametrize(
+    ("overrides", "pattern"),
+    [
+        (["tools.enabled=true"], r"does not run tool turns"),
+        (["method=estr"], r"behavior entropy"),
+        (["runtime.mode=local", "lag=0"], r"runtime\.inflight=false"),
+        (["rollout.kv_cache_gb=0"], r"rollout\.kv_cache_gb"),
+        (["rollout.engine=sglang"], r"rollout\.engine"),
+        (["rollout.dtype=int8"], r"rollout\.dtype"),
+    ],
+)
+def test_vllm_engine_refuses_what_it_cannot_do(overrides: list[str], pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(TrainConfig, overrides=["rollout.engine=vllm", *overrides])
+
+
+def test_what_the_vllm_engine_accepts() -> None:
+    cfg = load_config(TrainConfig, overrides=["rollout.engine=vllm", "runtime.mode=local", "lag=0",
+                                              "runtime.inflight=false"])  # fmt: skip
+    assert cfg.rollout.engine == "vllm"
+    assert load_config(TrainConfig, overrides=["tools.enabled=true"]).rollout.engine == "transformers"
+
+
+def test_settings_are_the_sections_fields() -> None:
+    names = {f.name for f in dataclasses.fields(VLLMSettings)} - {"startup_timeout_s"}
+    assert names == set(RolloutConfig.model_fields) - {"engine"}
+    rollout = RolloutConfig(engine="vllm", dtype="bfloat16", kv_cache_gb=None, max_model_len=96, max_num_seqs=8)
+    s = VLLMSettings.from_config(rollout)
+    assert (s.dtype, s.kv_cache_gb, s.max_model_len, s.max_num_seqs) == ("bfloat16", None, 96, 8)
+    assert engine_from_config(RolloutConfig(), model=None, tokenizer=None) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(vllm_available(), reason="checks the error shown where vLLM is missing; it is installed here")
+def test_train_without_vllm_fails_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rollout.engine=vllm", "lag=0", f"out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"steadyrl train: {SETUP_HINT}" and "bash scripts/setup_vllm.sh" in err
+    assert not (tmp_path / "metrics.jsonl").exists()
