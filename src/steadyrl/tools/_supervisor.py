@@ -34,6 +34,7 @@ every remaining descendant (orphans are re-parented to it).
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import platform
@@ -77,9 +78,13 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
-#: Where init mounts the new root before pivoting into it (any directory of the host works; it is hidden only in the
-#: sandbox's own mount namespace).
-STAGE = "/tmp"
+#: Where init may mount the new root before pivoting into it (any directory of the host works; it is hidden only in
+#: the sandbox's own mount namespace): the first of these that is no ancestor of a bind source (a tmpfs mounted on an
+#: ancestor would hide the source, e.g. a venv under /tmp).
+STAGE_CANDIDATES = ("/tmp", "/var/tmp", "/srv", "/media", "/opt", "/mnt", "/run", "/home")
+STAGE = ""
+#: The tool's working directory inside the sandbox (a tmpfs of its own; ``/tmp`` is a symlink to it).
+WORKDIR = "/sandbox"
 #: Device nodes bound into the sandbox's /dev.
 DEVICES = ("null", "zero", "full", "random", "urandom")
 #: Exit status of a process that failed while building the sandbox.
@@ -277,19 +282,38 @@ def make_node(path, directory):
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
 
 
+def pick_stage(binds):
+    """The first existing directory of ``STAGE_CANDIDATES`` that is no bind source's ancestor (nor one of them)."""
+    for cand in STAGE_CANDIDATES:
+        hides = any(b == cand or b.startswith(cand.rstrip("/") + "/") for b in binds)
+        if os.path.isdir(cand) and not os.path.islink(cand) and not hides:
+            return cand
+    raise OSError(errno.ENOENT, "no directory to stage the sandbox root in: all of " + ", ".join(STAGE_CANDIDATES)
+                  + " are missing or hold a bind source")
+
+
 def build_root(cfg, code):
     """In init: a tmpfs root holding read-only binds of the interpreter and system directories, /dev nodes, /proc,
-    a tmpfs /tmp (the working directory), the code at /.tool.py; pivot into it and drop the host's tree."""
+    a tmpfs WORKDIR (the working directory; /tmp points there), the code at /.tool.py; pivot into it and drop the
+    host's tree."""
+    global STAGE
+    STAGE = pick_stage(cfg["binds"])
     check(libc.unshare(ctypes.c_int(CLONE_NEWNS)), "unshare(CLONE_NEWNS)")
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
     mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV, f"size={len(code) + (1 << 20)},mode=0755")
     for path, target in cfg["symlinks"]:
         os.symlink(target, STAGE + path)
+    # the working directory is a tmpfs of its own at WORKDIR; /tmp leads there too, unless a bind lives under /tmp
+    # (a venv under /tmp): then /tmp is a read-only directory holding that bind
+    make_node(STAGE + WORKDIR, True)
+    mount("tmpfs", STAGE + WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['limits']['disk_bytes']},mode=0700")
+    if not any(b == "/tmp" or b.startswith("/tmp/") for b in cfg["binds"]):
+        os.symlink(WORKDIR, STAGE + "/tmp")
     for path in cfg["binds"]:
         make_node(STAGE + path, os.path.isdir(path))
         mount(path, STAGE + path, None, MS_BIND | MS_REC)
     for point in mount_points_under(STAGE):
-        if point != STAGE:
+        if point not in (STAGE, STAGE + WORKDIR):
             remount_read_only(point)  # every bind and any submount it brought along
     for name in DEVICES:
         if os.path.exists("/dev/" + name):
@@ -304,8 +328,6 @@ def build_root(cfg, code):
         os.symlink(target, STAGE + "/dev/" + name)
     make_node(STAGE + "/proc", True)
     mount("proc", STAGE + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this pid namespace's processes only
-    make_node(STAGE + "/tmp", True)
-    mount("tmpfs", STAGE + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['limits']['disk_bytes']},mode=0700")
     with open(STAGE + "/.tool.py", "wb") as f:
         f.write(code)
     os.chdir(STAGE)
@@ -327,13 +349,13 @@ def run_init(cfg, code, drop_to):
         set_death_signal()
         build_root(cfg, code)
         if drop_to is not None:  # the tool's tmpfs working directory belongs to the uid it runs as
-            os.chown("/tmp", drop_to[0], drop_to[1])
+            os.chown(WORKDIR, drop_to[0], drop_to[1])
         pid = os.fork()
         if pid == 0:
             os.setsid()
             exec_tool(
                 cfg,
-                workdir="/tmp",
+                workdir=WORKDIR,
                 code_path="/.tool.py",
                 nproc=cfg["limits"]["max_procs"],
                 drop_to=drop_to,

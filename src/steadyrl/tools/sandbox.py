@@ -21,9 +21,9 @@ user namespace mapping only the caller's uid. Guaranteed by the kernel:
   (``os.getppid()`` is the namespace's init, which ignores signals sent from inside);
 * the filesystem is a fresh tmpfs root with read-only binds of ``/usr``, ``/bin``, ``/lib*``, ``/sbin``, the
   interpreter's prefix and paths, ``/etc/ld.so.*``, ``/etc/localtime``, the devices null/zero/full/random/urandom,
-  a private ``/proc``, and a private tmpfs ``/tmp`` (the working directory, ``max_file_mb`` large) — so the project,
-  home directories, the host's ``/tmp`` and environment files are invisible and nothing outside ``/tmp`` is
-  writable;
+  a private ``/proc``, and a private tmpfs ``/sandbox`` (the working directory, ``max_file_mb`` large; ``/tmp``
+  points to it) — so the project, home directories, the host's ``/tmp`` and environment files are invisible and
+  nothing outside ``/sandbox`` is writable;
 * no capabilities (bounding, ambient, effective, permitted and inheritable sets emptied), no_new_privs: no setuid
   binary, no mount, no way to undo the above;
 * RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE = 0, and RLIMIT_NPROC counted inside the user
@@ -31,7 +31,7 @@ user namespace mapping only the caller's uid. Guaranteed by the kernel:
 * when the call's main process exits, is killed by the timeout, or the supervisor dies, the namespace's init exits
   and the kernel kills every process left in it: nothing outlives the call.
 
-Not guaranteed: memory held in the tmpfs ``/tmp`` is not counted by RLIMIT_AS (it is bounded by ``max_file_mb``);
+Not guaranteed: memory held in the tmpfs ``/sandbox`` is not counted by RLIMIT_AS (it is bounded by ``max_file_mb``);
 there is no seccomp filter, so the whole Linux system-call surface of an unprivileged process is reachable (a kernel
 bug there is an escape); CPU and memory are not isolated between concurrent calls beyond the per-process rlimits (no
 cgroups); the read-only binds expose whatever world-readable files ``/usr`` and the interpreter's directories hold.
