@@ -94,11 +94,12 @@ def main() -> None:
     base = agg.get("sync")
     print(f"runtime.mode=local, 1 sampler + 1 learner (1 thread each); steps {args.skip}..{args.steps - 1}, "
           f"{args.rounds} round(s); medians")  # fmt: skip
-    print(f"{'variant':8} {'step s':>8} {'speed-up':>9} {'learner idle':>13} {'sampler idle':>13} {'lag mean':>9} "
-          f"{'lag max':>8}")  # fmt: skip
+    print(f"{'variant':8} {'step s':>8} {'learn s':>8} {'speed-up':>9} {'learner idle':>13} {'sampler idle':>13} "
+          f"{'lag mean':>9} {'lag max':>8}")  # fmt: skip
     for n, a in agg.items():
         speed = base["total_s"] / a["total_s"] if base else float("nan")
-        print(f"{n:8} {a['step_s']:8.3f} {speed:8.2f}x {a['learner_idle']:13.1%} {a['sampler_idle']:13.1%} "
+        print(f"{n:8} {a['step_s']:8.3f} {a['learn_s']:8.3f} {speed:8.2f}x {a['learner_idle']:13.1%} "
+              f"{a['sampler_idle']:13.1%} "
               f"{a['lag_mean']:9.2f} {a['lag_max']:8.0f}")  # fmt: skip
     if base:
         gen, train = base["wait_s"], base["learn_s"]

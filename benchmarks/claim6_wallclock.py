@@ -7,7 +7,9 @@ Reads a sweep directory written by ``steadyrl sweep claims_wallclock`` (or any s
 * training wall-clock: the sum of ``time/step_s`` over the run's steps (eval and start-up included, as a user waits
   for them; the one-off warm start of a new seed's model is not a step and is left out);
 * the wall-clock at which the run first reached the synchronous variant's mean final accuracy (its first eval at or
-  above it), and the ratio to the synchronous runs' total time.
+  above it), and the ratio to the synchronous runs' total time;
+* staleness and pool diagnostics: mean and max lag, min ESS ratio, groups PACE rejected per step, and the learner's
+  idle fraction (steps 3 on).
 
     .venv/bin/python benchmarks/claim6_wallclock.py runs/claims_wallclock [--sync grpo_sync]
 """
@@ -21,8 +23,9 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def load(run_dir: Path) -> tuple[list[tuple[float, int, float]], float, float | None, float | None]:
-    """(wall-clock s, step, accuracy) at each eval; total wall-clock; base and final accuracy."""
+def load(run_dir: Path) -> tuple[list[tuple[float, int, float]], float, float | None, float | None, dict[str, float]]:
+    """(wall-clock s, step, accuracy) at each eval; total wall-clock; base and final accuracy; staleness and pool
+    diagnostics over the learner steps (lag mean and max, min ESS ratio, PACE rejections per step, learner idle)."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     timings_file = run_dir / "timings.jsonl"
     if timings_file.exists():  # log.timings=separate
@@ -35,7 +38,16 @@ def load(run_dir: Path) -> tuple[list[tuple[float, int, float]], float, float | 
         wall += float(r.get("time/step_s", 0.0))
     base = evals[0][2] if evals else None
     final = evals[-1][2] if evals else None
-    return evals, wall, base, final
+    steps = [r for r in records if "loss" in r]
+    idle = [r["time/learner_idle_frac"] for r in steps[3:] if r.get("time/learner_idle_frac") is not None]
+    diag = {
+        "lag_mean": statistics.fmean(r["lag/mean"] for r in steps) if steps else float("nan"),
+        "lag_max": max((r["lag/max"] for r in steps), default=float("nan")),
+        "min_ess": min((r["is/ess_ratio"] for r in steps), default=float("nan")),
+        "rejected": statistics.fmean(r.get("pool/rejected", 0.0) for r in steps) if steps else float("nan"),
+        "idle": statistics.fmean(idle) if idle else float("nan"),
+    }
+    return evals, wall, base, final, diag
 
 
 def variant_of(run_dir: Path) -> tuple[str, int]:
@@ -58,11 +70,12 @@ def main() -> None:
     sync_wall = statistics.fmean(r[1] for r in runs[args.sync].values())
     print(f"target = {args.sync}'s mean final accuracy {sync_final:.3f}; its mean wall-clock {sync_wall:.0f} s\n")
     print(f"{'variant':12} {'seed':>4} {'base':>6} {'final':>6} {'best':>6} {'wall s':>7} {'t(target) s':>12} "
-          f"{'t / sync wall':>13}")  # fmt: skip
+          f"{'t / sync wall':>13} {'lag mean':>8} {'lag max':>7} {'min ESS':>8} {'rejected/step':>13} "
+          f"{'learner idle':>12}")  # fmt: skip
     for name in sorted(runs, key=lambda n: (n != args.sync, n)):
         finals, walls, hits = [], [], []
         for seed in sorted(runs[name]):
-            evals, wall, base, final = runs[name][seed]
+            evals, wall, base, final, d = runs[name][seed]
             best = max(a for _, _, a in evals)
             hit = next((t for t, _, a in evals if a >= sync_final), None)
             finals.append(final)
@@ -70,7 +83,9 @@ def main() -> None:
             hits.append(hit)
             hit_s = "-" if hit is None else f"{hit:.0f}"
             ratio = "-" if hit is None else f"{hit / sync_wall:.2f}"
-            print(f"{name:12} {seed:>4} {base:6.3f} {final:6.3f} {best:6.3f} {wall:7.0f} {hit_s:>12} {ratio:>13}")
+            print(f"{name:12} {seed:>4} {base:6.3f} {final:6.3f} {best:6.3f} {wall:7.0f} {hit_s:>12} {ratio:>13} "
+                  f"{d['lag_mean']:8.1f} {d['lag_max']:7.0f} {d['min_ess']:8.3f} {d['rejected']:13.0f} "
+                  f"{d['idle']:12.0%}")  # fmt: skip
         reached = [h for h in hits if h is not None]
         mean_hit = f"{statistics.fmean(reached):.0f} ({len(reached)}/{len(hits)})" if reached else f"- (0/{len(hits)})"
         print(f"{name:12} {'mean':>4} {'':6} {statistics.fmean(finals):6.3f} {'':6} {statistics.fmean(walls):7.0f} "

@@ -11,46 +11,16 @@ import pytest
 
 from steadyrl.runtime.local import LocalSource
 from steadyrl.train import checkpoint as ckpt
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import load_config
 from steadyrl.train.entry import local_source, main
-from steadyrl.train.loop import StopFlag, train
-from steadyrl.train.metrics import read_metrics
+from steadyrl.train.loop import StopFlag
+from tests.runtime.concurrent_harness import Hooked, run_with, steps_of
 
 pytestmark = pytest.mark.timeout(300)
 LOCAL = ["lag=0", "runtime.mode=local", "eval.every=0", "checkpoint.every=3"]
 
 
-class Hooked:
-    """A local source that calls ``hook(source, step)`` after each batch it hands out."""
-
-    def __init__(self, inner: LocalSource, hook: Any) -> None:
-        self.inner, self.hook = inner, hook
-        self.batches: list[list[int]] = []
-
-    def next_batch(self, *, step: int) -> Any:
-        batch = self.inner.next_batch(step=step)
-        self.batches.append(list(self.inner.last_batch_ids))
-        self.hook(self.inner, step)
-        return batch
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 def run(tiny: list[str], out: Path, *extra: str, hook: Any = None, stop: StopFlag | None = None) -> tuple[Any, Hooked]:
-    cfg = load_config(TrainConfig, overrides=[*tiny, *LOCAL, f"out_dir={out}", *extra])
-    made: list[Hooked] = []
-
-    def factory(cfg: TrainConfig, **kw: Any) -> Any:
-        made.append(Hooked(local_source(cfg, **kw), hook or (lambda s, t: None)))
-        return made[-1]
-
-    return train(cfg, make_source=factory, stop=stop), made[0]
-
-
-def steps_of(out: Path) -> list[dict[str, Any]]:
-    return [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    return run_with(local_source, [*tiny, *LOCAL, f"out_dir={out}", *extra], hook=hook, stop=stop)
 
 
 def test_sync_mode_trains_on_policy(tiny_overrides: list[str], tmp_path: Path) -> None:

@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 
 from steadyrl.train import checkpoint as ckpt
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import load_config
 from steadyrl.train.entry import main, ray_source
-from steadyrl.train.loop import StopFlag, train
+from steadyrl.train.loop import StopFlag
 from steadyrl.train.metrics import read_metrics
+from tests.runtime.concurrent_harness import Hooked, run_with, steps_of
 
 pytestmark = pytest.mark.timeout(300)
 RAY = ["lag=0", "runtime.mode=ray", "runtime.samplers=1", "eval.every=0", "checkpoint.every=3", "log.plot=false"]
@@ -39,36 +38,8 @@ def ray_running() -> Iterator[Any]:
     ray.shutdown()
 
 
-class Hooked:
-    """A Ray source that calls ``hook(source, step)`` after each batch it hands out."""
-
-    def __init__(self, inner: Any, hook: Any) -> None:
-        self.inner, self.hook = inner, hook
-        self.batches: list[list[int]] = []
-
-    def next_batch(self, *, step: int) -> Any:
-        batch = self.inner.next_batch(step=step)
-        self.batches.append(list(self.inner.last_batch_ids))
-        self.hook(self.inner, step)
-        return batch
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 def run(tiny: list[str], out: Path, *extra: str, hook: Any = None, stop: StopFlag | None = None) -> tuple[Any, Hooked]:
-    cfg = load_config(TrainConfig, overrides=[*tiny, *RAY, f"out_dir={out}", *extra])
-    made: list[Hooked] = []
-
-    def factory(cfg: TrainConfig, **kw: Any) -> Any:
-        made.append(Hooked(ray_source(cfg, **kw), hook or (lambda s, t: None)))
-        return made[-1]
-
-    return train(cfg, make_source=factory, stop=stop), made[0]
-
-
-def steps_of(out: Path) -> list[dict[str, Any]]:
-    return [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    return run_with(ray_source, [*tiny, *RAY, f"out_dir={out}", *extra], hook=hook, stop=stop)
 
 
 def test_without_ray_the_error_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ from steadyrl.rollout.rollouts import Rollouts
 
 @dataclass(frozen=True, eq=False)
 class GroupRecord:
-    """A group as a sampler completed it.
+    """A group as a sampler completed it (immutable; its version summaries are computed once, on first use).
 
     ``group_id`` is unique over the run (the samplers' claim counter), so the rollout ids ``(group_id, j)`` for
     j < G are unique too: the runtimes check that no id is trained on twice. Versions are per token in
@@ -44,13 +45,13 @@ class GroupRecord:
         """``(group_id, j)`` for each response."""
         return [(self.group_id, j) for j in range(len(self.rollouts))]
 
-    @property
+    @cached_property
     def v_start(self) -> int:
         """Version of the group's oldest token (the weights generation started with)."""
         v = self.rollouts.versions[self.rollouts.response_mask]
         return int(v.min()) if v.numel() else 0
 
-    @property
+    @cached_property
     def v_complete(self) -> int:
         """Version of the weights the group completed with (its newest token)."""
         v = self.rollouts.versions[self.rollouts.response_mask]

@@ -284,14 +284,18 @@ class ConcurrentSource(ABC):
         self._start_samplers()
         t0 = time.perf_counter()
         last_arrival = t0
+        changed = True  # the policy is re-applied only when groups arrived (the version is fixed while waiting)
         while True:
             if self._collect():
                 last_arrival = time.perf_counter()
-            batch, discarded = self.pool.take(v_now=self.version)
-            if discarded:
-                self._count(retired=len(discarded))
-            if batch is not None:
-                break
+                changed = True
+            if changed:
+                batch, discarded = self.pool.take(v_now=self.version)
+                if discarded:
+                    self._count(retired=len(discarded))
+                if batch is not None:
+                    break
+                changed = False
             self._check_samplers()
             if time.perf_counter() - last_arrival > self.cfg.runtime.stall_timeout_s:
                 raise RuntimeError(
