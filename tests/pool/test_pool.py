@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -136,3 +137,36 @@ def test_pool_state_round_trips_through_torch_save(tmp_path) -> None:
     assert torch.equal(back.records[0].rollouts.versions, pool.records[0].rollouts.versions)
     with pytest.raises(DuplicateRolloutError):
         back.add(record(0, [[0]]))
+
+
+def test_pool_batch_reports_tool_counts_of_its_groups_and_they_survive_a_checkpoint(tmp_path) -> None:
+    from steadyrl.rollout.tool_metrics import RowMetrics, tool_summary
+
+    def counts(calls: list[int], errors: list[int], timeouts: list[int]) -> RowMetrics:
+        turns = torch.ones(len(calls), dtype=torch.long)
+        calls_t = torch.tensor(calls)
+        return RowMetrics(calls_t, torch.tensor(errors), torch.tensor(timeouts), turns, calls_t * 3)
+
+    a = dataclasses.replace(record(0, [[1], [1]]), tool_counts=counts([2, 1], [1, 0], [1, 0]))
+    b = dataclasses.replace(record(1, [[1], [1, 1]]), tool_counts=counts([0, 3], [0, 2], [0, 0]))
+    with pytest.raises(ValueError, match="tool_counts has 1 rows, expected 2"):
+        dataclasses.replace(record(2, [[1], [1]]), tool_counts=counts([1], [0], [0]))
+    pool = RolloutPool(PoolConfig(), batch_groups=2)
+    pool.add(a)
+    pool.add(GroupRecord.from_state(torch.load(_saved(b.to_state(), tmp_path), weights_only=True)))
+    batch, _ = pool.take(v_now=1)
+    m = batch.metrics
+    assert m["tool/calls_mean"] == pytest.approx(6 / 4) and m["tool/errors"] == 3 and m["tool/timeouts"] == 1
+    assert m["tool/tokens_mean"] == pytest.approx(18 / 4) and m["turns/mean"] == 1
+    assert m == m | tool_summary(RowMetrics.cat([a.tool_counts, b.tool_counts]), batch.rollouts)
+    # groups sampled without tools (or saved before counts were carried) report no tool metric
+    plain = RolloutPool(PoolConfig(), batch_groups=2)
+    plain.add(record(3, [[1]]))
+    plain.add(GroupRecord.from_state({k: v for k, v in record(4, [[1]]).to_state().items() if k != "tool_counts"}))
+    assert not any(k.startswith("tool/") for k in plain.take(v_now=1)[0].metrics)
+
+
+def _saved(state: dict, tmp_path) -> str:
+    path = tmp_path / "record.pt"
+    torch.save(state, path)
+    return str(path)

@@ -20,8 +20,9 @@ from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models.tiny import build_tiny_model
 from steadyrl.rollout.logprobs import sequence_logprobs
-from steadyrl.rollout.multiturn import ToolCallFormat, generate_multiturn, tool_metrics_from_rollouts
+from steadyrl.rollout.multiturn import ToolCallFormat, generate_multiturn
 from steadyrl.rollout.rollouts import PAD_VERSION, Rollouts, TokenBatch, concat, trim_padding
+from steadyrl.rollout.tool_metrics import tool_metrics_from_rollouts
 from steadyrl.tools import ToolResult
 from steadyrl.train.config import OptimConfig
 from steadyrl.train.grad_norms import GRAD_NORM_METHODS, per_trajectory_grad_sq_norms

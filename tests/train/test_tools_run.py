@@ -90,6 +90,27 @@ def test_tool_run_logs_tool_metrics_and_trains_on_model_tokens_only(
     assert tool_rows > 0
 
 
+def test_local_runtime_reports_tool_errors_and_timeouts_from_the_sampler_process(
+    tiny_overrides: list[str], tmp_path: Path
+) -> None:
+    """In ``runtime.mode=local`` the counts cross the process boundary in the group records: with a wall-clock
+    limit of 1 ms the calls end as timeouts, and the learner's metrics say so (a call that happens to exit before its
+    supervisor sees the deadline counts as a success, hence "nearly all")."""
+    out = tmp_path / "local"
+    overrides = [*tool_overrides(tiny_overrides), f"out_dir={out}", "steps=2", "runtime.mode=local",
+                 "tools.sandbox.timeout_s=0.001", "tools.share_calls=false"]  # fmt: skip
+    assert main(overrides) == 0
+    steps = read_metrics(out / "metrics.jsonl")[:-1]
+    assert len(steps) == 2
+    rows = 4 * 4  # prompts_per_step × group_size
+    calls = errors = 0.0
+    for r in steps:
+        assert r.keys() >= TOOL_METRICS, TOOL_METRICS - r.keys()
+        assert r["tool/errors"] == r["tool/timeouts"]  # every error is a timeout here
+        calls, errors = calls + r["tool/calls_mean"] * rows, errors + r["tool/errors"]
+    assert calls > 0 and 0.8 * calls <= errors <= calls
+
+
 class _Planted:
     """A tool runner that replaces the first call of every batch with malicious code."""
 

@@ -13,6 +13,7 @@ from steadyrl.pool.config import PoolConfig
 from steadyrl.pool.policies import select
 from steadyrl.pool.records import GroupRecord
 from steadyrl.rollout.rollouts import Rollouts, concat
+from steadyrl.rollout.tool_metrics import RowMetrics, tool_summary
 
 
 class DuplicateRolloutError(RuntimeError):
@@ -95,6 +96,9 @@ class RolloutPool:
                 float(torch.unique(r.rollouts.versions[r.rollouts.response_mask]).numel()) for r in batch
             ) / len(batch),
         }
+        counts = [r.tool_counts for r in batch]
+        if all(c is not None for c in counts):  # sampled with tools: every tool/* metric, as in the lag runtime
+            metrics |= tool_summary(RowMetrics.cat(counts), rollouts)  # type: ignore[arg-type]
         return PoolBatch(rollouts, rewards, batch, metrics)
 
     def state_dict(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from steadyrl.rollout.rollouts import Rollouts
+from steadyrl.rollout.tool_metrics import RowMetrics
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,10 +36,15 @@ class GroupRecord:
     """Wall-clock (``time.time()``) when generation started."""
     completed_at: float
     """Wall-clock when the group was scored and handed to the pool."""
+    tool_counts: RowMetrics | None = None
+    """Per-row tool counts (calls, errors, timeouts, turns, tool tokens) when the group was sampled with
+    ``tools.enabled``; None otherwise (and for records saved before counts were carried)."""
 
     def __post_init__(self) -> None:
         if tuple(self.rewards.shape) != (len(self.rollouts),):
             raise ValueError(f"rewards has shape {tuple(self.rewards.shape)}, expected ({len(self.rollouts)},)")
+        if self.tool_counts is not None and len(self.tool_counts.tool_calls) != len(self.rollouts):
+            raise ValueError(f"tool_counts has {len(self.tool_counts.tool_calls)} rows, expected {len(self.rollouts)}")
 
     @property
     def rollout_ids(self) -> list[tuple[int, int]]:
@@ -78,6 +84,7 @@ class GroupRecord:
             "sampler": self.sampler,
             "started_at": self.started_at,
             "completed_at": self.completed_at,
+            "tool_counts": None if self.tool_counts is None else self.tool_counts.to_state(),
         }
 
     @classmethod
@@ -91,4 +98,5 @@ class GroupRecord:
             sampler=int(state["sampler"]),
             started_at=float(state["started_at"]),
             completed_at=float(state["completed_at"]),
+            tool_counts=None if state.get("tool_counts") is None else RowMetrics.from_state(state["tool_counts"]),
         )

@@ -34,15 +34,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from steadyrl.rollout.distribution import SamplingParams, check_sampling_params, entropy_from_log_probs
 from steadyrl.rollout.distribution import sampling_log_probs as _sampling_log_probs
-from steadyrl.rollout.rollouts import PAD_VERSION, TOOL_VERSION, Rollouts, context_mask
+from steadyrl.rollout.rollouts import PAD_VERSION, TOOL_VERSION, Rollouts
 from steadyrl.rollout.sampler import cache_kwarg, encode_prompts, positions_from_mask
 from steadyrl.rollout.scored import score_rollouts
+from steadyrl.rollout.tool_metrics import RowMetrics, tool_summary
 from steadyrl.tools.sandbox import ToolResult
 
 if TYPE_CHECKING:
@@ -118,16 +119,6 @@ def format_tool_output(result: ToolResult) -> str:
     return text.strip("\n")
 
 
-class RowMetrics(NamedTuple):
-    """Per-trajectory counts, each ``[N]`` int64."""
-
-    tool_calls: Int[Tensor, " N"]  # calls that ran
-    tool_errors: Int[Tensor, " N"]  # calls whose result had an error (any kind)
-    tool_timeouts: Int[Tensor, " N"]  # calls stopped by the wall-clock limit
-    turns: Int[Tensor, " N"]  # model turns sampled
-    tool_tokens: Int[Tensor, " N"]  # tool-output tokens in the response
-
-
 class MultiTurnRollouts(NamedTuple):
     """Rollouts with tool turns (``rollouts.tool_mask`` marks the tool output), per-row metrics and each row's last
     model turn."""
@@ -142,47 +133,9 @@ class MultiTurnRollouts(NamedTuple):
         return self.rollouts.tool_mask  # type: ignore[return-value]
 
     def summary(self) -> dict[str, float]:
-        """Batch metrics: ``tool/calls_mean`` (calls run per trajectory), ``tool/errors`` and ``tool/timeouts``
-        (counts in the batch), ``tool/tokens_mean``, ``turns/mean`` (model turns per trajectory),
-        ``response/context_len_mean`` (prompt + sampled + tool tokens per trajectory)."""
-        m = self.row_metrics
-        return {
-            "tool/calls_mean": float(m.tool_calls.float().mean()),
-            "tool/errors": float(m.tool_errors.sum()),
-            "tool/timeouts": float(m.tool_timeouts.sum()),
-            "tool/tokens_mean": float(m.tool_tokens.float().mean()),
-            "turns/mean": float(m.turns.float().mean()),
-            "response/context_len_mean": context_len_mean(self.rollouts),
-        }
-
-
-def context_len_mean(rollouts: Rollouts) -> float:
-    """Mean context length of a trajectory: prompt + sampled + tool-output tokens."""
-    context = rollouts.prompt_mask.sum(-1) + context_mask(rollouts).sum(-1)
-    return float(context.float().mean())
-
-
-def _runs(mask: Tensor) -> Tensor:
-    """Number of maximal runs of True along the last dim, [N] int64."""
-    starts = mask & ~torch.nn.functional.pad(mask[:, :-1], (1, 0), value=False)
-    return starts.sum(-1)
-
-
-def tool_metrics_from_rollouts(rollouts: Rollouts) -> dict[str, float]:
-    """The metrics of :meth:`MultiTurnRollouts.summary` that the token masks alone determine (for rollouts that come
-    without per-row counts, e.g. from a pool): ``tool/calls_mean`` (tool turns: runs of ``tool_mask``; a call whose
-    output was cut to nothing is not seen), ``tool/tokens_mean``, ``turns/mean`` (runs of sampled tokens: every model
-    turn samples at least one token and consecutive model turns are separated by a tool turn) and
-    ``response/context_len_mean``. Errors and timeouts are not in the tokens."""
-    tool = rollouts.tool_mask
-    if tool is None:  # unpickled from before tool turns existed
-        tool = torch.zeros_like(rollouts.response_mask, dtype=torch.bool)
-    return {
-        "tool/calls_mean": float(_runs(tool.bool()).float().mean()),
-        "tool/tokens_mean": float(tool.sum(-1).float().mean()),
-        "turns/mean": float(_runs(rollouts.response_mask.bool()).float().mean()),
-        "response/context_len_mean": context_len_mean(rollouts),
-    }
+        """Batch metrics (:func:`steadyrl.rollout.tool_metrics.tool_summary`): ``tool/calls_mean``, ``tool/errors``,
+        ``tool/timeouts``, ``tool/tokens_mean``, ``turns/mean``, ``response/context_len_mean``."""
+        return tool_summary(self.row_metrics, self.rollouts)
 
 
 def score_final(task: Task, problems: Sequence[Problem], out: MultiTurnRollouts) -> Float[Tensor, " N"]:

@@ -23,6 +23,7 @@ from steadyrl.pool.records import GroupRecord
 from steadyrl.rollout.multiturn import ToolUse, score_final
 from steadyrl.rollout.sampler import generate
 from steadyrl.rollout.scored import score_rollouts
+from steadyrl.rollout.tool_metrics import RowMetrics
 from steadyrl.rollout.vllm_engine import VLLMEngine, engine_from_config
 from steadyrl.runtime.order import problem_indices
 from steadyrl.runtime.weights import FlatLayout
@@ -80,8 +81,8 @@ def run_sampler(spec: SamplerSpec, channel: SamplerChannel) -> None:
 
     With ``tools.enabled`` the sampler owns a :class:`SandboxPool` (closed when the loop ends, however it ends) and
     generates multi-turn trajectories (:func:`steadyrl.rollout.multiturn.generate_multiturn`); the reward scores each
-    trajectory's last model turn. The per-row tool counts stay here (a group record carries tokens and masks only);
-    the learner derives ``tool/calls_mean``, ``turns/mean`` and ``response/context_len_mean`` from the masks.
+    trajectory's last model turn. Each group record carries its rows' tool counts (calls, errors, timeouts, turns),
+    so the pool reports every ``tool/*`` metric of the batch it hands out.
 
     With ``rollout.engine=vllm`` the sampler owns a :class:`~steadyrl.rollout.vllm_engine.VLLMEngine` (closed the same
     way): newer weights are loaded into it in place before a call, never during one, so every token of a call records
@@ -138,6 +139,7 @@ def _sample_until_done(
             record_entropy=spec.record_entropy, before_forward=before_forward,
         )  # fmt: skip
         prompts = [p.prompt for p in problems]
+        counts: RowMetrics | None = None
         with torch.no_grad():
             if engine is not None:  # one vLLM call runs with one set of weights (no in-flight update)
                 if engine.version != version:
@@ -153,7 +155,7 @@ def _sample_until_done(
                 rewards = score_rollouts(task, problems, rollouts)
             else:  # multi-turn with the sandbox; the reward scores each trajectory's last model turn
                 out = tools.generate(model, spec.tokenizer, prompts, **sample_kw)
-                rollouts, rewards = out.rollouts, score_final(task, problems, out)
+                rollouts, rewards, counts = out.rollouts, score_final(task, problems, out), out.row_metrics
         done = time.time()
         records = [
             GroupRecord(
@@ -164,6 +166,7 @@ def _sample_until_done(
                 sampler=spec.index,
                 started_at=started,
                 completed_at=done,
+                tool_counts=None if counts is None else counts.select(list(range(k * G, (k + 1) * G))),
             )
             for k, g in enumerate(ids)
         ]

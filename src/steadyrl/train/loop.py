@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from steadyrl.control import build_controllers
 from steadyrl.models import load_policy
-from steadyrl.rollout.multiturn import tool_metrics_from_rollouts
+from steadyrl.rollout.tool_metrics import tool_metrics_from_rollouts
 from steadyrl.rollout.scored import ScoredRollouts
 from steadyrl.tasks import Problem, Task, build_task
 from steadyrl.tools import SandboxPool
