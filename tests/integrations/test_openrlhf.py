@@ -246,4 +246,5 @@ def test_import_steadyrl_imports_no_openrlhf_and_a_missing_one_says_what_to_inst
     )
     assert _run(code) == (
         "steadyrl.integrations.openrlhf needs OpenRLHF: pip install --no-deps -r requirements/integrations/openrlhf.txt"
+        " (openrlhf==0.11.2)"
     )

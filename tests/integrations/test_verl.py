@@ -380,4 +380,7 @@ def test_import_steadyrl_imports_no_verl_and_a_missing_verl_says_what_to_install
     )
     with warnings.catch_warnings():
         out = _run(code)
-    assert out == "steadyrl.integrations.verl needs verl: pip install --no-deps -r requirements/integrations/verl.txt"
+    assert out == (
+        "steadyrl.integrations.verl needs verl: pip install --no-deps -r requirements/integrations/verl.txt"
+        " (verl==0.9.1)"
+    )

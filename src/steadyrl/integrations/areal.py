@@ -55,6 +55,7 @@ from torch import Tensor
 
 from steadyrl.control.base import SKIP_STEP, Controller, build_controllers
 from steadyrl.control.ess_lr import ESS_METRIC
+from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
 from steadyrl.methods import MethodSpec, compute_loss, required_inputs, resolve_method
 
 #: The AReaL release this adapter was written and tested against.
@@ -66,10 +67,9 @@ try:
     from areal.utils import stats_tracker
     from areal.utils.data import split_padded_tensor_dict_into_mb_list
 except ImportError as _err:  # one line saying what to install
-    raise ImportError(
-        f"steadyrl.integrations.areal needs AReaL: pip install --no-deps -r requirements/integrations/areal.txt "
-        f"(areal=={AREAL_VERSION})"
-    ) from _err
+    raise missing_framework("areal", "AReaL", install_hint("areal", "areal", AREAL_VERSION)) from _err
+
+warn_if_untested("areal", "areal", AREAL_VERSION)
 
 METRIC_PREFIX = "steadyrl/"
 #: Batch keys the adapter can fill from AReaL's loss input, beyond logp / behav_logp / mask.

@@ -41,14 +41,13 @@ from __future__ import annotations
 import json
 import os
 import types
-import warnings
 from collections.abc import Callable, Iterable, Mapping
-from importlib import metadata
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
 from steadyrl.integrations._token_loss import (
     StepControl,
     host_metrics,
@@ -65,15 +64,9 @@ OPENRLHF_VERSION = "0.11.2"
 try:
     import openrlhf  # noqa: F401  (presence only: openrlhf.models needs flash-attn and CUDA at import)
 except ImportError as _err:  # one line saying what to install
-    raise ImportError(
-        "steadyrl.integrations.openrlhf needs OpenRLHF: pip install --no-deps -r requirements/integrations/openrlhf.txt"
-    ) from _err
+    raise missing_framework("openrlhf", "OpenRLHF", install_hint("openrlhf", "openrlhf", OPENRLHF_VERSION)) from _err
 
-if (_found := metadata.version("openrlhf")) != OPENRLHF_VERSION:
-    warnings.warn(
-        f"steadyrl.integrations.openrlhf was tested with openrlhf=={OPENRLHF_VERSION}; found openrlhf=={_found}",
-        stacklevel=2,
-    )
+warn_if_untested("openrlhf", "openrlhf", OPENRLHF_VERSION)
 
 #: Environment variables read by :func:`install_from_env` (a Ray ``worker_process_setup_hook``).
 METHOD_ENV, OVERRIDES_ENV = "STEADYRL_METHOD", "STEADYRL_METHOD_OVERRIDES"

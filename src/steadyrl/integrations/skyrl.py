@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from steadyrl.core.advantages import grpo
+from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
 from steadyrl.methods import MethodSpec, compute_loss, required_inputs, resolve_method
 from steadyrl.methods.spec import GrpoAdvantage
 
@@ -62,14 +63,13 @@ try:
     from skyrl.backends.skyrl_train.utils import ppo_utils as _ppo
     from skyrl.backends.skyrl_train.utils.off_policy_correction_utils import off_policy_correction_enabled
 except ImportError as _err:  # one line saying what to install
-    raise ImportError(
-        f"steadyrl.integrations.skyrl needs SkyRL: pip install --no-deps -r requirements/integrations/skyrl.txt "
-        f"(skyrl=={SKYRL_VERSION})"
-    ) from _err
+    raise missing_framework("skyrl", "SkyRL", install_hint("skyrl", "skyrl", SKYRL_VERSION)) from _err
 except Exception as _err:  # skyrl 0.3.0's `skyrl.backends` package needs Python >= 3.12 (pydantic TypedDict)
     _first = (str(_err).splitlines() or [type(_err).__name__])[0]
     raise ImportError(f"steadyrl.integrations.skyrl: `import skyrl.backends` failed ({_first[:120]}); "
                       "SkyRL's trainer needs Python >= 3.12") from _err  # fmt: skip
+
+warn_if_untested("skyrl", "skyrl", SKYRL_VERSION)
 
 #: Prefix of every name this adapter registers, and of its metrics in SkyRL's logs.
 NAME_PREFIX = "steadyrl_"

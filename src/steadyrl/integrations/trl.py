@@ -49,7 +49,6 @@ Confidence: [exact] as a mapping (the loss equals ``steadyrl.compute_loss`` on t
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -57,6 +56,7 @@ import torch
 from torch import Tensor
 
 from steadyrl.control.base import SKIP_STEP, Controller, build_controllers
+from steadyrl.integrations._framework import missing_framework, warn_if_untested
 from steadyrl.methods import MethodSpec, compute_loss, required_inputs, resolve_method
 from steadyrl.rollout.rollouts import TokenBatch
 from steadyrl.train.grad_norms import GRAD_NORM_METHODS, GradNormMethod, per_trajectory_grad_sq_norms
@@ -65,15 +65,11 @@ from steadyrl.train.grad_norms import GRAD_NORM_METHODS, GradNormMethod, per_tra
 TRL_VERSION = "1.16.0"
 
 try:
-    import trl
     from trl import GRPOTrainer as _TRLGRPOTrainer
 except ImportError as _err:  # one line saying what to install
-    raise ImportError(f"steadyrl.integrations.trl needs TRL: pip install trl=={TRL_VERSION}") from _err
+    raise missing_framework("trl", "TRL", f"pip install trl=={TRL_VERSION}") from _err
 
-if trl.__version__ != TRL_VERSION:
-    warnings.warn(
-        f"steadyrl.integrations.trl was tested with trl=={TRL_VERSION}; found trl=={trl.__version__}", stacklevel=2
-    )
+warn_if_untested("trl", "trl", TRL_VERSION)
 
 AdvantageSource = Literal["steadyrl", "trl"]
 ADVANTAGE_SOURCES: tuple[str, ...] = ("steadyrl", "trl")

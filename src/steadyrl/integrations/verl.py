@@ -46,7 +46,6 @@ Confidence: [exact] as a mapping (tests compare with ``steadyrl.compute_loss`` o
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -54,6 +53,7 @@ import torch
 from torch import Tensor
 
 from steadyrl.core.advantages import grpo
+from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
 from steadyrl.integrations._token_loss import (
     StepControl,
     host_metrics,
@@ -69,18 +69,11 @@ from steadyrl.methods import spec as S
 VERL_VERSION = "0.9.1"
 
 try:
-    import verl
     from verl.trainer.ppo import core_algos
 except ImportError as _err:  # one line saying what to install
-    raise ImportError(
-        "steadyrl.integrations.verl needs verl: pip install --no-deps -r requirements/integrations/verl.txt"
-    ) from _err
+    raise missing_framework("verl", "verl", install_hint("verl", "verl", VERL_VERSION)) from _err
 
-if verl.__version__ != VERL_VERSION:
-    warnings.warn(
-        f"steadyrl.integrations.verl was tested with verl=={VERL_VERSION}; found verl=={verl.__version__}",
-        stacklevel=2,
-    )
+warn_if_untested("verl", "verl", VERL_VERSION)
 
 #: Prefix of registered names and of steadyrl metrics in verl's logs.
 PREFIX = "steadyrl/"
