@@ -7,7 +7,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from steadyrl.rollout.logprobs import sequence_logprobs
-from steadyrl.rollout.sampler import generate
+from steadyrl.rollout.sampler import generate, stop_token_ids
 from tests.rollout.test_distribution import reference_log_probs
 
 PROMPTS = ["12+34=", "5-7=", "1+2+30-4=", "9="]  # different lengths: left padding is exercised
@@ -137,3 +137,26 @@ def test_record_entropy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFa
 def test_bad_arguments_raise(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, kwargs: dict) -> None:
     with pytest.raises(ValueError):
         sample(model, tokenizer, **kwargs)
+
+
+def test_the_generation_configs_end_of_turn_tokens_stop_by_default(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """A chat checkpoint's end-of-turn token listed in ``generation_config.eos_token_id`` (but not the tokenizer's
+    EOS) ends a response when no ``eos_token_ids`` are passed: the default equals passing EOS + those tokens."""
+    import copy
+
+    eos = int(tokenizer.eos_token_id)
+    extra = tokenizer.convert_tokens_to_ids(list("0123456789+-=abcdefghij"))
+    chat = copy.deepcopy(model)
+    chat.generation_config.eos_token_id = [eos, *extra]
+    assert stop_token_ids(chat, tokenizer) == [eos, *extra]
+    chat.generation_config.eos_token_id = extra[0]  # an int, as many configs write it
+    assert stop_token_ids(chat, tokenizer) == [eos, extra[0]]
+    chat.generation_config.eos_token_id = None
+    assert stop_token_ids(chat, tokenizer) == [eos]
+    chat.generation_config.eos_token_id = extra
+    by_default = sample(chat, tokenizer, max_new_tokens=6)
+    explicit = sample(model, tokenizer, max_new_tokens=6, eos_token_ids=[eos, *extra])
+    assert torch.equal(by_default.response_mask, explicit.response_mask) and by_default.texts == explicit.texts
+    assert len(set(by_default.response_mask.sum(-1).tolist())) > 1  # the extra tokens ended rows early

@@ -41,7 +41,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from steadyrl.rollout.distribution import SamplingParams, check_sampling_params, entropy_from_log_probs
 from steadyrl.rollout.distribution import sampling_log_probs as _sampling_log_probs
 from steadyrl.rollout.rollouts import PAD_VERSION, TOOL_VERSION, Rollouts
-from steadyrl.rollout.sampler import cache_kwarg, encode_prompts, positions_from_mask
+from steadyrl.rollout.sampler import cache_kwarg, encode_prompts, positions_from_mask, stop_token_ids
 from steadyrl.rollout.scored import score_rollouts
 from steadyrl.rollout.tool_metrics import RowMetrics, tool_summary
 from steadyrl.tools.sandbox import ToolResult
@@ -237,7 +237,7 @@ def generate_multiturn(
             raise ValueError(f"{name} must be >= 1, got {value}")
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its EOS) before sampling")
-    stop_ids = [tokenizer.eos_token_id] if eos_token_ids is None else list(eos_token_ids)
+    stop_ids = stop_token_ids(model, tokenizer) if eos_token_ids is None else list(eos_token_ids)
     if not stop_ids or any(i is None for i in stop_ids):
         raise ValueError("no EOS token id: pass eos_token_ids or use a tokenizer with an eos_token")
     device = next(model.parameters()).device

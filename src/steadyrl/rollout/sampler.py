@@ -49,6 +49,22 @@ class EncodedPrompts(NamedTuple):
     mask: Tensor
 
 
+def stop_token_ids(model: object, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokens that end a response by default: the tokenizer's EOS, then every ``eos_token_id`` of the model's
+    ``generation_config`` (an int or a list) not already there.
+
+    Chat checkpoints list their end-of-turn token there, and it is not always the tokenizer's EOS (e.g. a Llama 3
+    Instruct tokenizer whose EOS is ``<|end_of_text|>`` with ``<|eot_id|>`` in ``generation_config.json``): without it
+    a turn would run on to the token budget. vLLM stops at the same set by default.
+    """
+    ids: list[int] = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in [extra] if isinstance(extra, int) else list(extra or []):
+        if int(i) not in ids:
+            ids.append(int(i))
+    return ids
+
+
 def encode_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], *, device: torch.device
 ) -> EncodedPrompts:
@@ -91,7 +107,8 @@ def generate(
         version: policy version of the weights; recorded for every sampled token (−1 at padding).
         use_cache: decode with a KV cache (default); False re-runs the whole sequence each step (for tests).
         record_entropy: also return the entropy of the sampling distribution at each step (``behav_entropy``).
-        eos_token_ids: tokens that end a response (default: the tokenizer's ``eos_token_id``).
+        eos_token_ids: tokens that end a response (default: :func:`stop_token_ids`, the tokenizer's EOS and the
+            model generation config's).
         before_forward: in-flight weight updates (PipelineRL/AReaL partial rollouts): called before the prefill and
             before every decode forward; it may load newer weights into ``model`` in place and returns the version
             of the weights that forward will use. Each token records the version of the forward whose logits it was
@@ -110,7 +127,7 @@ def generate(
         raise ValueError(f"group_size and max_new_tokens must be >= 1, got {group_size} and {max_new_tokens}")
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its EOS) before sampling")
-    stop_ids = [tokenizer.eos_token_id] if eos_token_ids is None else list(eos_token_ids)
+    stop_ids = stop_token_ids(model, tokenizer) if eos_token_ids is None else list(eos_token_ids)
     if not stop_ids or any(i is None for i in stop_ids):
         raise ValueError("no EOS token id: pass eos_token_ids or use a tokenizer with an eos_token")
     device = next(model.parameters()).device

@@ -64,7 +64,7 @@ from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.rollout.distribution import SamplingParams, check_sampling_params
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
-from steadyrl.rollout.sampler import _assemble, _Steps, encode_prompts
+from steadyrl.rollout.sampler import _assemble, _Steps, encode_prompts, stop_token_ids
 
 #: What to run when vLLM is missing (the one line of :class:`VLLMUnavailableError`).
 SETUP_HINT = (
@@ -158,6 +158,8 @@ class VLLMEngine:
             raise ValueError("the tokenizer needs a pad and an EOS token for sampling")
         self.settings = settings or VLLMSettings()
         self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(model, tokenizer)
+        """Default stop tokens (:func:`~steadyrl.rollout.sampler.stop_token_ids`: EOS and the generation config's)."""
         self.version = version
         self.device = next(model.parameters()).device
         config = getattr(model, "config", None)
@@ -311,7 +313,7 @@ class VLLMEngine:
             raise ValueError("generate needs at least one prompt")
         if group_size < 1 or max_new_tokens < 1:
             raise ValueError(f"group_size and max_new_tokens must be >= 1, got {group_size} and {max_new_tokens}")
-        stop_ids = [int(self.tokenizer.eos_token_id)] if eos_token_ids is None else [int(i) for i in eos_token_ids]
+        stop_ids = list(self.stop_ids) if eos_token_ids is None else [int(i) for i in eos_token_ids]
         if not stop_ids:
             raise ValueError("eos_token_ids is empty: a response needs a token that ends it")
         enc = encode_prompts(self.tokenizer, prompts, device=torch.device("cpu"))

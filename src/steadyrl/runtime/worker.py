@@ -106,7 +106,7 @@ def _sample_until_done(
 ) -> None:
     cfg = spec.cfg
     torch.set_num_threads(cfg.runtime.sampler_threads)
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, tokenizer=spec.tokenizer)
     train_pool = task.problems("train", cfg.data.train_pool, seed=cfg.seed)
     model = spec.model.eval().requires_grad_(False)
     layout = FlatLayout(model)

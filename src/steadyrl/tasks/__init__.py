@@ -12,12 +12,16 @@ task (``name``)        source                                          verifier
 ``math``               local JSONL/Parquet (last ``\\boxed{}``)        math-verify
 =====================  ==============================================  =================================
 
-``build_task(cfg)`` turns a validated :data:`TaskConfig` into a :class:`Task`; ``task.problems(split, n, seed=s)``
-hands out problems (eval held out from train), ``task.score(problem, completion)`` verifies a completion,
-``task.demonstration(problem)`` writes a correct one, and ``task.alphabet`` lists every character they can contain.
+``build_task(cfg, tokenizer)`` turns a validated :data:`TaskConfig` into a :class:`Task` (the model tokenizer renders
+the chat prompts of ``gsm8k``/``math`` with ``chat=true``, :mod:`steadyrl.tasks.prompts`);
+``task.problems(split, n, seed=s)`` hands out problems (eval held out from train), ``task.score(problem, completion)``
+verifies a completion, ``task.demonstration(problem)`` writes a correct one, and ``task.alphabet`` lists every
+character they can contain.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from steadyrl.tasks.arithmetic import BasicArithmeticTask, ChainSumTask
 from steadyrl.tasks.config import (
@@ -32,21 +36,32 @@ from steadyrl.tasks.config import (
 )
 from steadyrl.tasks.countdown import CountdownTask
 from steadyrl.tasks.file_tasks import Gsm8kTask, MathTask
+from steadyrl.tasks.prompts import ChatTemplateError
 from steadyrl.tasks.tool_arithmetic import ChainSumToolTask, DemoTurn, ToolDemonstrations
 from steadyrl.tasks.types import DatasetError, Problem, Split, Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _BUILDERS = {
     ChainSumConfig: ChainSumTask.from_config,
     ChainSumToolConfig: ChainSumToolTask.from_config,
     BasicArithmeticConfig: BasicArithmeticTask.from_config,
     CountdownConfig: CountdownTask.from_config,
-    Gsm8kConfig: Gsm8kTask.from_config,
-    MathConfig: MathTask.from_config,
 }
+#: Tasks whose prompts may be chat-rendered with the model's tokenizer.
+_FILE_BUILDERS = {Gsm8kConfig: Gsm8kTask.from_config, MathConfig: MathTask.from_config}
 
 
-def build_task(cfg: TaskConfig) -> Task:
-    """The task a validated config describes. Reads no file and generates nothing until problems are asked for."""
+def build_task(cfg: TaskConfig, tokenizer: PreTrainedTokenizerBase | None = None) -> Task:
+    """The task a validated config describes. Reads no file and generates nothing until problems are asked for.
+
+    ``tokenizer``: the run's model tokenizer. A file task with ``chat=true`` renders its prompts with its chat template
+    and raises :class:`ChatTemplateError` (naming ``task.chat`` and the model) when it is missing or has no template;
+    every other task ignores it.
+    """
+    if isinstance(cfg, Gsm8kConfig | MathConfig):
+        return _FILE_BUILDERS[type(cfg)](cfg, tokenizer=tokenizer)
     return _BUILDERS[type(cfg)](cfg)
 
 
@@ -57,6 +72,7 @@ __all__ = [
     "ChainSumTask",
     "ChainSumToolConfig",
     "ChainSumToolTask",
+    "ChatTemplateError",
     "CountdownConfig",
     "CountdownTask",
     "DatasetError",

@@ -184,6 +184,20 @@ class _FileTaskConfig(_TaskConfigBase):
         description="Seconds math-verify may spend parsing or comparing one answer. Enforced with SIGALRM, so only "
         "in a process's main thread; elsewhere scoring runs without a time limit.",
     )
+    chat: bool = Field(
+        False,
+        description="Render each prompt with the model tokenizer's chat template (instruct models): the filled "
+        "prompt_template is the user message, system_prompt (if set) a system message before it, and the "
+        "generation prompt is appended; a BOS the template writes is dropped when encoding adds one. Needs a model "
+        "whose tokenizer has a chat template (not model.name=default).",
+    )
+    system_prompt: str | None = Field(
+        None,
+        min_length=1,
+        description="System message of the chat prompt (only with chat=true; e.g. the tool instructions of "
+        "steadyrl.tasks.prompts). Taken literally (no placeholder). Without chat, write instructions into "
+        "prompt_template instead.",
+    )
 
     @field_validator("train_path", "eval_path")
     @classmethod
@@ -209,6 +223,17 @@ class _FileTaskConfig(_TaskConfigBase):
     def _some_split(self) -> _FileTaskConfig:
         if self.train_path is None and self.eval_path is None:
             raise ValueError("set train_path, eval_path or both")
+        return self
+
+    @model_validator(mode="after")
+    def _system_prompt_needs_chat(self) -> _FileTaskConfig:
+        # A plain-text prompt has no system slot: prepending the text with some separator would be a format of our
+        # own that no chat model was trained on; one way to write instructions without chat is prompt_template.
+        if self.system_prompt is not None and not self.chat:
+            raise ValueError(
+                "system_prompt is the system message of a chat prompt: set chat=true (the model's chat template "
+                "renders it), or put the instructions into prompt_template for a model without a chat template"
+            )
         return self
 
 

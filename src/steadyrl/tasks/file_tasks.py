@@ -8,8 +8,13 @@ reference answer is extracted from the solution (GSM8K: the number after ``####`
 and a completion is right when ``math_verify.verify(parse(reference), parse(completion))`` holds. The whole file is
 checked on first use: a bad row raises :class:`DatasetError` with the file and the 1-based line (or Parquet row).
 
+Prompts. ``prompt_template`` filled with the row's question is the prompt; with ``chat=true`` it is the user message
+of a chat prompt rendered by the model tokenizer's chat template, after ``system_prompt`` as a system message
+(:func:`steadyrl.tasks.prompts.render_chat`). ``Problem.prompt`` is that final text, so every sampler, the eval and
+the learner see the same prompt; ``meta["question"]`` keeps the bare question.
+
 Splits. Eval problems are the eval file's rows in file order (the seed does not change them). Train problems are
-the train file's rows in a seeded order, reshuffled each epoch when ``n`` exceeds the file; train rows whose prompt
+the train file's rows in a seeded order, reshuffled each epoch when ``n`` exceeds the file; train rows whose question
 also appears in the eval file are skipped. A problem's uid is ``<task>/<split>/<0-based row index>``.
 """
 
@@ -20,13 +25,17 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steadyrl.tasks.config import Gsm8kConfig, MathConfig
 from steadyrl.tasks.files import Row, read_rows
 from steadyrl.tasks.generated import stream_seed
+from steadyrl.tasks.prompts import check_chat_tokenizer, render_chat
 from steadyrl.tasks.text import clean_completion, fill_template, gsm8k_final_number, last_boxed
 from steadyrl.tasks.types import SPLITS, DatasetError, Problem, Split
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 #: The reference answer is parsed as this LaTeX, so math-verify reads it as the final answer whatever its form.
 GOLD_LATEX = "\\boxed{{{answer}}}"
@@ -65,7 +74,15 @@ class FileTask(ABC):
         prompt_template: str,
         verify_timeout_s: int,
         stop_texts: Sequence[str],
+        chat: bool = False,
+        system_prompt: str | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> None:
+        """``tokenizer`` renders the chat prompts (needed, with a chat template, when ``chat``; unused otherwise)."""
+        if system_prompt is not None and not chat:
+            raise ValueError("system_prompt needs chat=true (it is the system message of a chat prompt)")
+        self.tokenizer = check_chat_tokenizer(tokenizer, task=self.name) if chat else None
+        self.system_prompt = system_prompt
         self.paths: dict[str, Path | None] = {"train": train_path, "eval": eval_path}
         self.question_field = question_field
         self.answer_field = answer_field
@@ -87,21 +104,36 @@ class FileTask(ABC):
 
     # --- loading ----------------------------------------------------------------------------------------------
 
+    def prompt(self, question: str) -> str:
+        """The text fed to the model for ``question``: the filled template, chat-rendered when ``chat`` is on."""
+        text = fill_template(self.prompt_template, question=question)
+        if self.tokenizer is None:
+            return text
+        return render_chat(self.tokenizer, text, system_prompt=self.system_prompt)
+
     def _load(self, split: Split) -> list[Problem]:
         path = self.paths[split]
         if path is None:
             raise ValueError(f"{self.name}: no {split}_path configured")
+        try:
+            rows = read_rows(path)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(
+                f"task.{split}_path: no such file {str(path)!r} ({self.name} reads the user's local .jsonl or .parquet "
+                f"files, nothing is downloaded): set task.{split}_path=/path/to/{split}.jsonl"
+            ) from err
         problems: list[Problem] = []
-        for index, row in enumerate(read_rows(path)):
+        for index, row in enumerate(rows):
             question = _text_field(row, self.question_field, path=path)
             solution = _text_field(row, self.answer_field, path=path)
             answer = self.extract_answer(solution)
             if answer is None:
                 raise DatasetError(path=path, where=row.where, reason=f"no answer in field {self.answer_field!r}: "
                                    f"expected {self.answer_description}")
-            meta = {"solution": solution, "path": str(path), "where": row.where}
-            prompt = fill_template(self.prompt_template, question=question)
-            problems.append(Problem(prompt=prompt, answer=answer, uid=f"{self.name}/{split}/{index}", meta=meta))
+            meta = {"question": question, "solution": solution, "path": str(path), "where": row.where}
+            problems.append(
+                Problem(prompt=self.prompt(question), answer=answer, uid=f"{self.name}/{split}/{index}", meta=meta)
+            )
         if not problems:
             raise DatasetError(path=path, where="whole file", reason="no rows")
         return problems
@@ -110,10 +142,10 @@ class FileTask(ABC):
         if split not in self._splits:
             problems = self._load(split)
             if split == "train" and self.paths["eval"] is not None:
-                held_out = {p.prompt for p in self._split("eval")}
-                problems = [p for p in problems if p.prompt not in held_out]
+                held_out = {p.meta["question"] for p in self._split("eval")}
+                problems = [p for p in problems if p.meta["question"] not in held_out]
                 if not problems:
-                    raise ValueError(f"{self.name}: every train prompt is also in the eval file")
+                    raise ValueError(f"{self.name}: every train question is also in the eval file")
             self._splits[split] = problems
         return self._splits[split]
 
@@ -199,8 +231,8 @@ class Gsm8kTask(FileTask):
         return text if final is None else final
 
     @classmethod
-    def from_config(cls, cfg: Gsm8kConfig) -> Gsm8kTask:
-        return cls(**_file_kwargs(cfg))
+    def from_config(cls, cfg: Gsm8kConfig, *, tokenizer: PreTrainedTokenizerBase | None = None) -> Gsm8kTask:
+        return cls(**_file_kwargs(cfg), tokenizer=tokenizer)
 
 
 class MathTask(FileTask):
@@ -213,8 +245,8 @@ class MathTask(FileTask):
         return last_boxed(solution)
 
     @classmethod
-    def from_config(cls, cfg: MathConfig) -> MathTask:
-        return cls(**_file_kwargs(cfg))
+    def from_config(cls, cfg: MathConfig, *, tokenizer: PreTrainedTokenizerBase | None = None) -> MathTask:
+        return cls(**_file_kwargs(cfg), tokenizer=tokenizer)
 
 
 def _file_kwargs(cfg: Gsm8kConfig | MathConfig) -> dict[str, Any]:
@@ -226,5 +258,7 @@ def _file_kwargs(cfg: Gsm8kConfig | MathConfig) -> dict[str, Any]:
         "prompt_template": cfg.prompt_template,
         "verify_timeout_s": cfg.verify_timeout_s,
         "stop_texts": cfg.stop_texts,
+        "chat": cfg.chat,
+        "system_prompt": cfg.system_prompt,
     }
 

@@ -17,6 +17,7 @@ and ``steadyrl train`` without a config file loads that file, so ``task.max_term
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from steadyrl.methods.resolve import required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
-from steadyrl.models import ModelConfig
+from steadyrl.models import DEFAULT_MODEL_NAME, ModelConfig
 from steadyrl.pool.config import PoolConfig
 from steadyrl.rollout.multiturn import SharedCalls, ToolCallFormat, ToolRunner, ToolUse
 from steadyrl.tasks.config import ChainSumConfig, TaskConfig
@@ -401,6 +402,29 @@ class TrainConfig(_Section):
         eval_size = getattr(self.task, "eval_size", None)
         if eval_size is not None and self.eval.n > eval_size:
             raise ValueError(f"eval.n ({self.eval.n}) exceeds the task's held-out set task.eval_size ({eval_size})")
+        return self
+
+    @model_validator(mode="after")
+    def _chat_prompts_fit_the_model(self) -> TrainConfig:
+        """task.chat needs a model with a chat template (error); a tool run of gsm8k/math whose prompt never shows
+        the call format gets a warning (a real model will not guess it)."""
+        if getattr(self.task, "chat", False) and self.model.name == DEFAULT_MODEL_NAME:
+            raise ValueError(
+                "task.chat=true renders prompts with the model tokenizer's chat template, and the default model "
+                "(model.name=default, character-level) has none: set model.name to an instruct checkpoint directory "
+                "(e.g. model.name=/path/to/Qwen2.5-0.5B-Instruct) or task.chat=false"
+            )
+        if self.tools.enabled and self.task.name in ("gsm8k", "math"):
+            shown = (getattr(self.task, "system_prompt", None) or "") + getattr(self.task, "prompt_template", "")
+            if self.tools.call_open not in shown:
+                warnings.warn(
+                    f"tools.enabled with task {self.task.name}: the prompt never shows the model the tool's call "
+                    f"format (neither task.system_prompt nor task.prompt_template contains tools.call_open "
+                    f"{self.tools.call_open!r}); see steadyrl.tasks.prompts and the shipped config "
+                    f"{self.task.name}_tool",
+                    UserWarning,
+                    stacklevel=2,
+                )
         return self
 
     @property

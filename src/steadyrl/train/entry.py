@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
     from steadyrl.rollout.vllm_engine import VLLMUnavailableError
+    from steadyrl.tasks import ChatTemplateError, DatasetError
     from steadyrl.train.loop import RunDirError
 
     if cfg.runtime.mode == "ray":  # before the model loads: a missing Ray is one line, not a traceback
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
     try:
         result = run(cfg)
-    except (RunDirError, VLLMUnavailableError) as err:
+    except (RunDirError, VLLMUnavailableError, FileNotFoundError, DatasetError, ChatTemplateError) as err:
         print(f"steadyrl train: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -40,8 +40,8 @@ from tqdm.auto import tqdm
 
 from steadyrl.control import build_controllers
 from steadyrl.models import load_policy
-from steadyrl.rollout.tool_metrics import tool_metrics_from_rollouts
 from steadyrl.rollout.scored import ScoredRollouts
+from steadyrl.rollout.tool_metrics import tool_metrics_from_rollouts
 from steadyrl.tasks import Problem, Task, build_task
 from steadyrl.tools import SandboxPool
 from steadyrl.train import checkpoint as ckpt
@@ -283,9 +283,12 @@ class _Run:
 
     def __init__(self, cfg: TrainConfig, make_source: SourceFactory) -> None:
         self.cfg = cfg
-        self.task: Task = build_task(cfg.task)
-        policy = load_policy(cfg.model, self.task, seed=cfg.seed, progress=cfg.log.progress)
+        # The default model is warm-started on the task (built first); chat prompts need the policy's tokenizer (built
+        # after it; TrainConfig refuses task.chat with the default model).
+        task = None if getattr(cfg.task, "chat", False) else build_task(cfg.task)
+        policy = load_policy(cfg.model, task, seed=cfg.seed, progress=cfg.log.progress)
         self.model, self.tokenizer = policy.model, policy.tokenizer
+        self.task: Task = task if task is not None else build_task(cfg.task, tokenizer=self.tokenizer)
         self.method = cfg.method.resolve()
         needs_ref = self.method.kl.type != "none"
         ref = copy.deepcopy(self.model).eval().requires_grad_(False) if needs_ref else None
