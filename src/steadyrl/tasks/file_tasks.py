@@ -176,7 +176,9 @@ class FileTask(ABC):
         rows = self._split(split)
         if split == "eval":
             if n > len(rows):
-                raise ValueError(f"{self.name}: asked for {n} eval problems but the eval file has {len(rows)}")
+                raise DatasetError(path=self.paths["eval"], where="whole file",  # type: ignore[arg-type]
+                                   reason=f"{len(rows)} eval rows, but {n} eval problems were asked for: set "
+                                   f"eval.n <= {len(rows)}")  # fmt: skip
             out = rows[:n]
         else:
             rng = random.Random(stream_seed(task=self.name, split="train", seed=seed))

@@ -31,7 +31,7 @@ class Problem:
     """Stable id: task name, split and index (``chain_sum/train/0/17``; file tasks: ``gsm8k/train/42``)."""
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Task-specific data the scorer needs (generator tasks: ``{"entry": <reasoning-gym entry without its question>}``;
-    file tasks: ``{"solution", "path", "where"}``)."""
+    file tasks: ``{"question", "solution", "path", "where"}``, the question as in the file, before any template)."""
 
 
 class Task(Protocol):
