@@ -5,6 +5,7 @@ Each hostile call must end with an error result, leave the caller running, and l
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -330,6 +331,51 @@ def test_site_packages_switch() -> None:
     assert r.error == "crash" and "ModuleNotFoundError" in r.stderr
 
 
+CTYPES_CALL = "import ctypes\nctypes.CDLL(None)\nprint('called')"
+
+
+@pytest.mark.parametrize("level", ["namespaces"], indirect=True)
+def test_numpy_and_ctypes_import_at_namespaces_with_site_packages(level: str) -> None:
+    """At namespaces + site_packages the audit hook lets ctypes through (numpy loads it); sockets stay blocked."""
+    config = level_config(level, site_packages=True)
+    r = run_python("import numpy\nprint(numpy.arange(4).sum())", limits=config)
+    assert (r.error, r.stdout) == (None, "6\n"), r
+    r = run_python(CTYPES_CALL, limits=config)
+    assert (r.error, r.stdout) == (None, "called\n"), r
+    r = run_python("import numpy, socket\nsocket.socket()\n", limits=config)
+    assert r.error == "blocked" and "socket" in r.stderr, r
+
+
+@pytest.mark.parametrize("level", ["namespaces"], indirect=True)
+def test_sympy_imports_at_namespaces_with_site_packages(level: str) -> None:
+    if importlib.util.find_spec("sympy") is None:
+        pytest.skip("sympy is not installed in this interpreter")
+    r = run_python("import sympy\nprint(sympy.factor('x**2-1'))", limits=level_config(level, site_packages=True))
+    assert (r.error, r.stdout) == (None, "(x - 1)*(x + 1)\n"), r
+
+
+def test_ctypes_blocked_without_site_packages_and_at_rlimits(level: str) -> None:
+    r = run_python(CTYPES_CALL, limits=level_config(level))
+    assert r.error == "blocked" and "ctypes" in r.stderr and r.stdout == "", r
+    if level == "rlimits":  # the hook guards the files there: ctypes stays blocked even with site_packages
+        r = run_python(CTYPES_CALL, limits=level_config(level, site_packages=True))
+        assert r.error == "blocked" and "ctypes" in r.stderr and r.stdout == "", r
+
+
+def test_ctypes_rule() -> None:
+    allowed = {
+        (mode, site): sandbox._allows_ctypes(mode, SandboxConfig(site_packages=site))
+        for mode in ("namespaces", "rlimits")
+        for site in (False, True)
+    }
+    assert allowed == {
+        ("namespaces", False): False,
+        ("namespaces", True): True,
+        ("rlimits", False): False,
+        ("rlimits", True): False,
+    }
+
+
 def test_auto_falls_back_to_rlimits_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     real_probe = sandbox._probe
     monkeypatch.setattr(sandbox, "_probe", lambda c, mode: "no namespaces (test)" if mode == "namespaces" else None)
@@ -339,6 +385,9 @@ def test_auto_falls_back_to_rlimits_with_a_warning(monkeypatch: pytest.MonkeyPat
             assert resolve_isolation(level_config("namespaces").model_copy(update={"isolation": "auto"})) == "rlimits"
         with pytest.raises(SandboxUnavailableError, match="no namespaces"):
             resolve_isolation(level_config("namespaces"))
+        with pytest.warns(RuntimeWarning, match="numpy, sympy .* error='blocked'"):
+            auto = level_config("namespaces", site_packages=True).model_copy(update={"isolation": "auto"})
+            assert resolve_isolation(auto) == "rlimits"
     finally:
         monkeypatch.setattr(sandbox, "_probe", real_probe)
         sandbox._resolve.cache_clear()

@@ -25,9 +25,11 @@ from collections.abc import Mapping
 from transformers import PreTrainedTokenizerBase
 
 #: What every tool prompt says about the tool: the default call format of ``tools.*`` (``ToolCallFormat``), that each
-#: call runs in a fresh interpreter (``steadyrl.tools.SandboxPool``: nothing is kept between calls), and that only the
-#: standard library is there (the sandbox's default ``site_packages=false``; with it on, numpy and sympy still fail to
-#: import because the sandbox blocks their ``ctypes`` loading).
+#: call runs in a fresh interpreter (``steadyrl.tools.SandboxPool``: nothing is kept between calls), and that numpy and
+#: sympy are there besides the standard library: the shipped ``gsm8k_tool`` / ``math_tool`` configs set
+#: ``tools.sandbox.site_packages=true``, and both are dependencies of steadyrl (numpy directly, sympy through
+#: math-verify), so the default interpreter has them. They import at the sandbox's ``namespaces`` level only (at
+#: ``rlimits`` the audit hook blocks their ``ctypes`` loading; see :mod:`steadyrl.tools.sandbox`).
 TOOL_INSTRUCTIONS = (
     "You can run Python code to help you. To run code, write it in a fenced block:\n"
     "```python\n"
@@ -39,7 +41,7 @@ TOOL_INSTRUCTIONS = (
     "```\n"
     "Use print() to see a result. Every block runs in a fresh Python interpreter:\n"
     "variables and imports are not kept from one block to the next.\n"
-    "Only the standard library is available (math, fractions, itertools, ...; no numpy or sympy).\n"
+    "The standard library, numpy and sympy are available.\n"
     "Reason step by step and use code where it helps."
 )
 

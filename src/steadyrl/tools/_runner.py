@@ -1,11 +1,13 @@
-"""The sandbox's runner: ``python -I [-S] -B -u -X utf8 -c <this text> CODE_PATH WORKDIR BLOCKED_EXIT MEMORY_EXIT``.
+"""The sandbox's runner: ``python -I [-S] -B -u -X utf8 -c <this text> CODE WORKDIR BLOCKED_EXIT MEMORY_EXIT CTYPES``.
 
 Not imported by steadyrl; the last program of the tool process (see ``_supervisor.py``), already under its rlimits,
 without capabilities and with no_new_privs. It reads the tool code, installs an audit hook (PEP 578) and runs the code
 as ``__main__``. The audit hook is defense in depth, not the boundary (code can escape it through a child process);
 at the first forbidden event it writes one line to stderr and ends the process with ``BLOCKED_EXIT``:
 
-* any ``socket.*`` event (creating, connecting, binding a socket, resolving a name) and any ``ctypes.*`` event;
+* any ``socket.*`` event (creating, connecting, binding a socket, resolving a name);
+* any ``ctypes.*`` event, unless ``CTYPES`` is ``1`` (the sandbox passes ``1`` only at the ``namespaces`` level with
+  ``site_packages`` on, where numpy and sympy need ctypes to import and the kernel, not this hook, is the boundary);
 * ``os.kill`` / ``os.killpg`` of a process outside the tool's own process group (``-1`` included);
 * opening for writing, creating, removing, renaming, linking, chmod/chown/utime/truncate of a path outside the working
   directory (``/dev/null`` excepted).
@@ -38,8 +40,9 @@ PATH_EVENTS = {
 }
 
 
-def install_audit_hook(workdir, blocked_exit):
+def install_audit_hook(workdir, blocked_exit, allow_ctypes):
     root = os.path.realpath(workdir)
+    forbidden = ("socket.",) if allow_ctypes else ("socket.", "ctypes.")
     own_pid, busy = os.getpid(), [False]
 
     def block(event, args):
@@ -78,7 +81,7 @@ def install_audit_hook(workdir, blocked_exit):
             return
         busy[0] = True
         try:
-            if event.startswith(("socket.", "ctypes.")):
+            if event.startswith(forbidden):
                 block(event, args)
             elif event in ("os.kill", "os.killpg"):
                 target = args[0] if event == "os.kill" else -args[0]
@@ -100,9 +103,10 @@ def install_audit_hook(workdir, blocked_exit):
 
 def main():
     code_path, workdir, blocked_exit, memory_exit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    allow_ctypes = sys.argv[5] == "1"
     with open(code_path, encoding="utf-8", errors="replace") as f:
         source = f.read()
-    install_audit_hook(workdir, blocked_exit)
+    install_audit_hook(workdir, blocked_exit, allow_ctypes)
     sys.argv = ["<tool>"]
     namespace = {"__name__": "__main__", "__builtins__": __builtins__, "exit": sys.exit, "quit": sys.exit}
     try:

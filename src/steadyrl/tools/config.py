@@ -80,5 +80,7 @@ class SandboxConfig(BaseModel):
     site_packages: bool = Field(
         False,
         description="Let the code import the interpreter's site-packages (numpy, "
-        "sympy, ...); False runs it with -S (standard library only).",
+        "sympy, ...); False runs it with -S (standard library only). At the namespaces level True also lets "
+        "ctypes through the audit hook (numpy and sympy import it; the kernel is the boundary there); at the "
+        "rlimits level ctypes stays blocked, so numpy and sympy end with error='blocked'.",
     )

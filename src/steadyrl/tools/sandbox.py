@@ -36,6 +36,14 @@ there is no seccomp filter, so the whole Linux system-call surface of an unprivi
 bug there is an escape); CPU and memory are not isolated between concurrent calls beyond the per-process rlimits (no
 cgroups); the read-only binds expose whatever world-readable files ``/usr`` and the interpreter's directories hold.
 
+The audit hook of the ``rlimits`` level (below) runs here too, as defense in depth, with one difference: when
+``site_packages=True`` it lets ``ctypes.*`` events through, because ``import numpy`` and ``import sympy`` load ctypes
+(numpy dlopens through it) and would otherwise end every such call with ``error="blocked"``. That costs nothing the
+kernel guarantees above: code calling C through ctypes is still one unprivileged process in these namespaces, under
+these rlimits (the same reach as a child process, which the hook never saw). With ``site_packages=False`` (nothing
+needs ctypes) and at the ``rlimits`` level (where the hook guards the files) ctypes stays blocked; sockets are blocked
+at every level.
+
 **rlimits** (any Linux). The code runs as a plain child process with the same rlimits and no_new_privs; when started
 as root the code's process drops to uid/gid 65534 (the supervisor stays root, so the code cannot signal or trace it,
 nor any process of another uid) — the interpreter must then be readable by that uid (set ``python``, e.g.
@@ -201,9 +209,10 @@ def _resolve(isolation: str, python: str | None, site_packages: bool) -> Literal
             return "namespaces"
         if isolation == "namespaces":
             raise SandboxUnavailableError(f"isolation='namespaces' is not available here: {problem}")
+        lost = " numpy, sympy and anything else loading ctypes end with error='blocked' there;" if site_packages else ""
         warnings.warn(
             f"Linux namespaces are not available ({problem.splitlines()[-1]}); the tool sandbox falls back to "
-            "isolation='rlimits' (resource limits and an audit hook only; see steadyrl.tools.sandbox)",
+            f"isolation='rlimits' (resource limits and an audit hook only;{lost} see steadyrl.tools.sandbox)",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -291,6 +300,12 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, onerror=fix)
 
 
+def _allows_ctypes(mode: str, config: SandboxConfig) -> bool:
+    """Whether the runner's audit hook lets ``ctypes.*`` events through: only at the ``namespaces`` level with
+    ``site_packages`` on, where third-party C extensions are importable and the kernel is the boundary."""
+    return mode == "namespaces" and config.site_packages
+
+
 def _run(code: str, config: SandboxConfig, mode: str, live: _LiveCalls | None) -> ToolResult:
     if len(code.encode("utf-8", errors="surrogatepass")) > MAX_CODE_BYTES:
         raise ValueError(f"tool code is longer than MAX_CODE_BYTES={MAX_CODE_BYTES}")
@@ -307,7 +322,7 @@ def _run(code: str, config: SandboxConfig, mode: str, live: _LiveCalls | None) -
             "python": interp.executable,
             "python_flags": list(interp.flags),
             "runner": _RUNNER,
-            "runner_args": [str(BLOCKED_EXIT), str(MEMORY_EXIT)],
+            "runner_args": [str(BLOCKED_EXIT), str(MEMORY_EXIT), "1" if _allows_ctypes(mode, config) else "0"],
             "sandbox_uid": SANDBOX_UID,
             "sandbox_gid": SANDBOX_GID,
             "binds": list(interp.binds),
