@@ -6,9 +6,8 @@ Each preset of the catalog runs 3 learner steps of the tiny job (``tiny_override
 π_θ ≠ π_prox from its second optimizer step on. Checked per preset: a finite loss on every step, no skipped optimizer
 step (``train/skipped`` = 0), and the version advancing by exactly 4 per learner step.
 
-Presets the config refuses are skipped with the config's own error as the reason. When this file was written the
-config refused ``otb`` (it needs ``sum_p2``, Σ_v π_v² of the proximal distribution, which ``steadyrl train`` does not
-produce); every other preset ran.
+Presets the config refuses are skipped with the config's own error as the reason; none is refused now (``otb`` runs
+since the learner hands it ``sum_p2``, Σ_v π_v² of the proximal distribution).
 """
 
 from __future__ import annotations

@@ -68,9 +68,19 @@ def test_config_errors_name_the_key(overrides: list[str], pattern: str) -> None:
         load_config(TrainConfig, overrides=overrides)
 
 
-def test_a_method_needing_inputs_the_learner_cannot_make_is_refused() -> None:
+def test_a_method_needing_inputs_the_learner_cannot_make_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import steadyrl.train.config as config_module
+
+    monkeypatch.setattr(config_module, "PROVIDED_INPUTS", config_module.PROVIDED_INPUTS - {"sum_p2"})
     with pytest.raises(ConfigError, match=r"method 'otb' needs batch inputs \['sum_p2'\]"):
         load_config(TrainConfig, overrides=["method=otb"])
+
+
+def test_every_preset_is_accepted() -> None:
+    from steadyrl.methods import PRESETS
+
+    for preset in PRESETS:
+        assert load_config(TrainConfig, overrides=[f"method={preset.name}"]).method.name == preset.name
 
 
 def test_bad_yaml_file_is_named(tmp_path: Path) -> None:

@@ -196,3 +196,32 @@ def test_gac_shares_the_previous_gradient_with_the_learner(model, batch) -> None
     assert learner.prev_grad is None and learner.controllers[0].prev is not None
     assert out.metrics["grad/cos_prev"] == pytest.approx(out.metrics["gac/cos"], abs=1e-6)
     assert out.metrics["grad/cos_prev"] != 0.0
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_otb_gets_sum_p2_of_the_proximal_policy(model, batch, monkeypatch, updates: int) -> None:
+    """OTB's Σ_v π_v² per token equals a float64 reference from the model's logits at the step's starting weights
+    (π_prox), for one update (π_prox = π_θ detached) and for several (π_prox recomputed); 0 at padding."""
+    rollouts, rewards = batch
+    seen: list[dict[str, torch.Tensor]] = []
+
+    def spy(method, batch):
+        seen.append({k: batch[k] for k in ("sum_p2", "logp", "mask")} | {"prox": batch.get("prox_logp")})
+        return compute_loss(method, batch)
+
+    with torch.no_grad():  # reference: each row alone, unpadded, in float64
+        want = torch.zeros(rollouts.response_ids.shape, dtype=torch.float64)
+        for i in range(len(rollouts)):
+            prompt = rollouts.prompt_ids[i][rollouts.prompt_mask[i]]
+            L = int(rollouts.response_mask[i].sum())
+            ids = torch.cat([prompt, rollouts.response_ids[i, :L]]).unsqueeze(0)
+            logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + L].double()
+            want[i, :L] = logits.softmax(-1).pow(2).sum(-1)
+    monkeypatch.setattr(learner_module, "compute_loss", spy)
+    out = _learner(model, method="otb", updates_per_batch=updates).step(rollouts, rewards)
+    assert out.applied == updates and len(seen) == updates
+    for s in seen:  # the same Σπ² (of π_prox) at every optimizer step of the batch
+        torch.testing.assert_close(s["sum_p2"].double(), want, rtol=1e-5, atol=1e-7)
+        assert (s["sum_p2"][~s["mask"]] == 0).all()
+    assert (seen[0]["prox"] is None) == (updates == 1)
+    assert float(want[rollouts.response_mask].min()) > 0.0 and float(want.max()) <= 1.0

@@ -18,13 +18,14 @@ Confidence: [exact] (a forward pass; the distribution is that of :mod:`steadyrl.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, overload
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from steadyrl.core.advantages.otb import sum_squared_probs
 from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
 from steadyrl.rollout.rollouts import TokenBatchLike, attention_mask
 from steadyrl.rollout.sampler import positions_from_mask
@@ -94,6 +95,24 @@ def sequence_logprobs(
             hidden0 = torch.zeros(N, 0, model.config.hidden_size, device=empty.device, dtype=model.dtype)
             return SequenceLogprobsHidden(empty, entropy0, hidden0)
         return SequenceLogprobs(empty, entropy0)
+    log_probs, out = _response_log_probs(model, batch, params=params, return_hidden=return_hidden)
+    token_logp = log_probs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # log π(y_t)
+    zeros = torch.zeros_like(token_logp)
+    logp = torch.where(response_mask, token_logp, zeros)
+    entropy = torch.where(response_mask, entropy_from_log_probs(log_probs), zeros) if return_entropy else None
+    if return_hidden:
+        last = out.hidden_states[-1][:, -(T + 1) : -1]  # the output layer's input at positions P−1 … P+T−2: [N, T, H]
+        hidden = torch.where(response_mask.unsqueeze(-1), last, torch.zeros_like(last))
+        return SequenceLogprobsHidden(logp, entropy, hidden)
+    return SequenceLogprobs(logp, entropy)
+
+
+def _response_log_probs(
+    model: PreTrainedModel, batch: TokenBatchLike, *, params: SamplingParams, return_hidden: bool = False
+) -> tuple[Float[Tensor, "N T V"], Any]:
+    """log π(· | x, y_<t) of the sampling distribution ``params`` at every response position [N, T, V], and the
+    model output (one forward over [prompt; response] with the rollout's attention and positions; T ≥ 1)."""
+    T = batch.response_ids.shape[1]
     input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=-1)
     mask = attention_mask(batch)  # [prompt_mask; response_mask | tool_mask]: tool output is attended context
     extra = {"output_hidden_states": True} if return_hidden else {}
@@ -106,13 +125,35 @@ def sequence_logprobs(
         **extra,
     )
     logits = out.logits[:, :-1]  # position P−1+t predicts response token t: [N, T, V]
-    log_probs = sampling_log_probs(logits, params=params)
-    token_logp = log_probs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # log π(y_t)
+    return sampling_log_probs(logits, params=params), out
+
+
+class ProximalLogprobs(NamedTuple):
+    """What OTB reads from the proximal policy at each response token: ``logp`` = log π(y_t) and ``sum_p2`` =
+    Σ_v π_v² of the same distribution, both ``[N, T]`` float32 and 0 at padding."""
+
+    logp: Float[Tensor, "N T"]
+    sum_p2: Float[Tensor, "N T"]
+
+
+def proximal_logprobs(
+    model: PreTrainedModel, batch: TokenBatchLike, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> ProximalLogprobs:
+    """log π(y_t) and Σ_v π_v² at every response token from one forward (call under ``torch.no_grad``).
+
+    Σ_v π_v² is OTB's (arXiv 2602.07078; verl ``sum_pi_squared``) of the distribution the tokens are scored under
+    (``temperature``, ``top_k``, ``top_p`` as in :func:`sequence_logprobs`), computed in log space by
+    :func:`steadyrl.core.advantages.otb.sum_squared_probs` on the normalized log-probs (shift invariance: the same
+    value as on the logits). Confidence: [reference-code].
+    """
+    N, T = batch.response_ids.shape
+    if T == 0:
+        empty = torch.zeros(N, 0, device=batch.response_ids.device)
+        return ProximalLogprobs(empty, empty.clone())
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    log_probs, _ = _response_log_probs(model, batch, params=params)
+    response_mask = batch.response_mask.bool()
+    token_logp = log_probs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
     zeros = torch.zeros_like(token_logp)
-    logp = torch.where(response_mask, token_logp, zeros)
-    entropy = torch.where(response_mask, entropy_from_log_probs(log_probs), zeros) if return_entropy else None
-    if return_hidden:
-        last = out.hidden_states[-1][:, -(T + 1) : -1]  # the output layer's input at positions P−1 … P+T−2: [N, T, H]
-        hidden = torch.where(response_mask.unsqueeze(-1), last, torch.zeros_like(last))
-        return SequenceLogprobsHidden(logp, entropy, hidden)
-    return SequenceLogprobs(logp, entropy)
+    sum_p2 = sum_squared_probs(log_probs).to(token_logp.dtype)
+    return ProximalLogprobs(torch.where(response_mask, token_logp, zeros), torch.where(response_mask, sum_p2, zeros))

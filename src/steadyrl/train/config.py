@@ -37,7 +37,7 @@ from steadyrl.train.guard import GuardConfig
 PROVIDED_INPUTS: frozenset[str] = frozenset(
     {
         "rewards", "group_ids", "versions", "learner_version", "prox_logp", "behav_entropy", "grad_sq_norms",
-        "ref_logp", "values",
+        "ref_logp", "values", "sum_p2",
     }
 )  # fmt: skip
 

@@ -15,7 +15,9 @@ One learner step consumes one batch of rollouts (prompts_per_step × G responses
 A skipped step zeroes the gradient and leaves weights and AdamW moments untouched (metric ``train/skipped`` = 1 and a
 printed reason). The proximal log-probs (``prox_logp``) are recomputed once, before the first optimizer step, when
 the method asks for it (``recompute_prox``) or when the batch gets more than one optimizer step; otherwise the loss
-uses π_prox = π_θ detached (VCPO's one-update setting).
+uses π_prox = π_θ detached (VCPO's one-update setting). OTB (arXiv 2602.07078) also needs Σ_v π_v² of π_prox at
+each token (``sum_p2``): for it that no-grad pass always runs (:func:`~steadyrl.rollout.logprobs.proximal_logprobs`,
+one extra forward per learner step when π_prox is not otherwise recomputed) and hands over ``sum_p2`` with π_prox.
 
 Version = number of optimizer steps applied (skipped ones do not count); the lag metrics of ``compute_loss`` use it.
 Metrics of the optimizer steps of one learner step are aggregated: keys ending in ``max`` by max, ``min`` by min,
@@ -42,7 +44,7 @@ from steadyrl.core.gac import grad_cosine
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec
-from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.train.config import OptimConfig
 from steadyrl.train.critic import Critic, CriticConfig
@@ -163,8 +165,14 @@ class Learner:
         """One learner step on ``rollouts`` (N rows) with ``rewards`` ``[N]``; returns its aggregated metrics."""
         self.model.train()
         n_updates = self.optim_cfg.updates_per_batch * self.optim_cfg.minibatches
-        prox = None
-        if self.method.recompute_prox or n_updates > 1:
+        prox = sum_p2 = None
+        if "sum_p2" in self.needs:  # OTB: Σ_v π_v² of π_prox, from the pass that also gives π_prox
+            with torch.no_grad():
+                stats = proximal_logprobs(self.model, rollouts, temperature=self.temperature)
+            sum_p2 = stats.sum_p2
+            if self.method.recompute_prox or n_updates > 1:
+                prox = stats.logp
+        elif self.method.recompute_prox or n_updates > 1:
             with torch.no_grad():
                 prox = self._logp(self.model, rollouts)
         ref = None
@@ -183,6 +191,7 @@ class Learner:
                 extras = {
                     "prox_logp": None if prox is None else (prox if whole else prox[rows][:, :T]),
                     "ref_logp": None if ref is None else (ref if whole else ref[rows][:, :T]),
+                    "sum_p2": None if sum_p2 is None else (sum_p2 if whole else sum_p2[rows][:, :T]),
                 }
                 metrics, reason = self._optimizer_step(sub, rewards if whole else rewards[rows], extras)
                 per_step.append(metrics)
