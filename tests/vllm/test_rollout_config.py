@@ -17,7 +17,6 @@ from steadyrl.train.entry import main
 @pytest.mark.parametrize(
     ("overrides", "pattern"),
     [
-        (["tools.enabled=true"], r"does not run tool turns"),
         (["method=estr"], r"behavior entropy"),
         (["runtime.mode=local", "lag=0"], r"runtime\.inflight=false"),
         (["rollout.kv_cache_gb=0"], r"rollout\.kv_cache_gb"),
@@ -35,6 +34,8 @@ def test_what_the_vllm_engine_accepts() -> None:
                                               "runtime.inflight=false"])  # fmt: skip
     assert cfg.rollout.engine == "vllm"
     assert load_config(TrainConfig, overrides=["tools.enabled=true"]).rollout.engine == "transformers"
+    tools = load_config(TrainConfig, overrides=["rollout.engine=vllm", "tools.enabled=true"])  # multi-turn on vLLM
+    assert tools.rollout.engine == "vllm" and tools.tools.enabled
 
 
 def test_settings_are_the_sections_fields() -> None:

@@ -257,14 +257,8 @@ def generate_multiturn(
                 stop_ids=set(stop_ids), pad_id=pad_id, generator=generator, use_cache=use_cache,
                 record_entropy=record_entropy, before_forward=versions_of, device=device,
             )  # fmt: skip
-        runnable = [(row, code) for row, code in calls if turn < max_turns and len(row.ids) < max_total_tokens]
-        for row, _ in calls:
-            if turn == max_turns or len(row.ids) >= max_total_tokens:  # no turn or no room to read the output
-                row.done = row.truncated = True
-        if runnable:
-            results = sandbox.map([code for _, code in runnable])
-            for (row, _), result in zip(runnable, results, strict=True):
-                _append_tool_turn(row, result, tokenizer, fmt, max_tool_tokens, max_total_tokens)
+        _run_calls(calls, last_turn=turn == max_turns, sandbox=sandbox, tokenizer=tokenizer, fmt=fmt,
+                   max_tool_tokens=max_tool_tokens, max_total_tokens=max_total_tokens)  # fmt: skip
     return _assemble(rows, prompt_ids, prompt_mask, tokenizer, stop_ids, pad_id, group_size, record_entropy)
 
 
@@ -335,6 +329,28 @@ def _model_turn(
                         use_cache=False, logits_to_keep=1)  # fmt: skip
         logits = out.logits[:, -1]
     return calls
+
+
+def _run_calls(
+    calls: list[tuple[_Row, str]],
+    *,
+    last_turn: bool,
+    sandbox: ToolRunner,
+    tokenizer: PreTrainedTokenizerBase,
+    fmt: ToolCallFormat,
+    max_tool_tokens: int,
+    max_total_tokens: int,
+) -> None:
+    """Run one turn's closed calls (all rows at once in ``sandbox``) and append their tool turns; a call closed in
+    the last turn, or with no token of the budget left, is not run and ends its row, truncated."""
+    runnable = [(row, code) for row, code in calls if not last_turn and len(row.ids) < max_total_tokens]
+    for row, _ in calls:
+        if last_turn or len(row.ids) >= max_total_tokens:  # no turn or no room to read the output
+            row.done = row.truncated = True
+    if runnable:
+        results = sandbox.map([code for _, code in runnable])
+        for (row, _), result in zip(runnable, results, strict=True):
+            _append_tool_turn(row, result, tokenizer, fmt, max_tool_tokens, max_total_tokens)
 
 
 def _append_tool_turn(

@@ -27,7 +27,16 @@ How it works:
 5. **Weights** are updated in place: :meth:`VLLMEngine.update_weights` writes the new tensors to the directory's
    ``model.safetensors`` and asks the server to call the workers' ``reload_weights`` (no restart, the KV-cache
    memory is kept), then ``reset_prefix_cache()`` so no cached prompt state of the old weights is reused.
-6. **Versions.** One ``vllm.LLM.generate`` call runs to completion with one set of weights: in-flight updates
+6. **Tool turns** (:meth:`VLLMEngine.generate_multiturn`): the turn logic of
+   :func:`~steadyrl.rollout.multiturn.generate_multiturn` (same rows, tool turns and layout), one vLLM call per model
+   turn for all active rows, each continuing from its ids. vLLM's stop *strings* need a tokenizer in the server
+   (with ``skip_tokenizer_init`` they are silently ignored, ``vllm/v1/engine/detokenizer.py``), so a call stops on
+   *trigger tokens* instead: every token whose text contains the last character of ``tool_format.close`` (a call
+   can only be closed by such a token). After each call the turn text is checked with ``find_call`` as in the
+   transformers path; a trigger that closed no call (e.g. the opening fence) continues the row in a new call. Each
+   token is drawn from its conditional either way, so this is the same distribution, token for token, and every
+   sampled token (with its log-prob) is kept.
+7. **Versions.** One ``vllm.LLM.generate`` call runs to completion with one set of weights: in-flight updates
    between decode steps (``runtime.inflight``) are not possible, so every token carries the version of the weights
    at the call.
 
@@ -63,6 +72,8 @@ from torch import Tensor, nn
 from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.rollout.distribution import SamplingParams, check_sampling_params
 from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.multiturn import MultiTurnRollouts, ToolCallFormat, ToolUse, _Row, _run_calls
+from steadyrl.rollout.multiturn import _assemble as _assemble_multiturn
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import _assemble, _Steps, encode_prompts, stop_token_ids
 
@@ -172,6 +183,7 @@ class VLLMEngine:
         self._finalizer = weakref.finalize(self, _cleanup, None, None, self.dir)
         model.save_pretrained(self.dir, max_shard_size="10000GB")  # config.json + one model.safetensors
         self.last_update_s = 0.0
+        self._triggers: dict[str, set[int]] = {}
         try:
             self._start(env or {})
         except BaseException:
@@ -350,6 +362,115 @@ class VLLMEngine:
         )
         return rollouts if self.device.type == "cpu" else rollouts.to(self.device)
 
+    def generate_multiturn(
+        self,
+        prompts: list[str],
+        *,
+        group_size: int,
+        tools: ToolUse,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int,
+        version: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> MultiTurnRollouts:
+        """Tool-integrated trajectories, as :func:`~steadyrl.rollout.multiturn.generate_multiturn` samples them
+        (``tools``: its runner, turn and token limits, call format), with vLLM sampling the model turns.
+
+        Per model turn, one vLLM call for every active row (its prompt + response so far, ``max_tokens`` = its
+        remaining budget) that stops at EOS or at a trigger token (module docstring, point 6); rows whose trigger
+        closed no call continue in further calls of the same turn. Each (row, call) samples with its own seed, drawn
+        from ``seed``. ``version`` and ``eos_token_ids`` as in :meth:`generate`; no ``behav_entropy``.
+        """
+        check_sampling_params(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
+        if not prompts:
+            raise ValueError("generate_multiturn needs at least one prompt")
+        for name, value in {"group_size": group_size, "max_turns": tools.max_turns,
+                            "max_total_tokens": tools.max_total_tokens,
+                            "max_tool_tokens": tools.max_tool_tokens}.items():  # fmt: skip
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        stop_ids = list(self.stop_ids) if eos_token_ids is None else [int(i) for i in eos_token_ids]
+        if not stop_ids:
+            raise ValueError("eos_token_ids is empty: a response needs a token that ends it")
+        fmt, budget, pad_id = tools.tool_format, tools.max_total_tokens, int(self.tokenizer.pad_token_id)
+        enc = encode_prompts(self.tokenizer, prompts, device=torch.device("cpu"))
+        prompt_ids = enc.ids.repeat_interleave(group_size, dim=0)
+        prompt_mask = enc.mask.repeat_interleave(group_size, dim=0)
+        rows = [_Row(prompt=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
+        longest = max(len(r.prompt) for r in rows)
+        if longest + budget > self.max_model_len:
+            raise ValueError(
+                f"a prompt of {longest} tokens + tools.max_total_tokens={budget} exceeds rollout.max_model_len="
+                f"{self.max_model_len}; raise rollout.max_model_len"
+            )
+        stops = set(stop_ids)
+        call_stop = stop_ids + sorted(self.trigger_ids(fmt.close) - stops)
+        v = self.version if version is None else version
+        seeds = torch.Generator().manual_seed(seed)
+        params = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_tokens": budget,
+                  "stop_token_ids": call_stop}  # fmt: skip
+        for turn in range(1, tools.max_turns + 1):
+            pending = [r for r in rows if not r.done]
+            if not pending:
+                break
+            for r in pending:
+                r.turn_start, r.turns = len(r.ids), r.turns + 1
+            calls: list[tuple[_Row, str]] = []
+            while pending:
+                outputs = self._call("generate", {
+                    "rows": [r.prompt + r.ids for r in pending],
+                    "seeds": torch.randint(0, 2**62, (len(pending),), generator=seeds).tolist(),
+                    "max_tokens": [budget - len(r.ids) for r in pending],
+                    "params": params,
+                })  # fmt: skip
+                pending = self._extend_rows(pending, outputs, calls, fmt=fmt, stops=stops, budget=budget, version=v)
+            _run_calls(calls, last_turn=turn == tools.max_turns, sandbox=tools.runner, tokenizer=self.tokenizer,
+                       fmt=fmt, max_tool_tokens=tools.max_tool_tokens, max_total_tokens=budget)  # fmt: skip
+        out = _assemble_multiturn(rows, prompt_ids, prompt_mask, self.tokenizer, stop_ids, pad_id, group_size, False)
+        if self.device.type == "cpu":
+            return out
+        return out._replace(rollouts=out.rollouts.to(self.device))
+
+    def _extend_rows(
+        self,
+        rows: list[_Row],
+        outputs: Sequence[tuple[list[int], list[float]]],
+        calls: list[tuple[_Row, str]],
+        *,
+        fmt: ToolCallFormat,
+        stops: set[int],
+        budget: int,
+        version: int,
+    ) -> list[_Row]:
+        """Append each row's sampled tokens and apply the transformers path's rule to its turn: EOS ends the row, a
+        closed call is added to ``calls``, a full budget truncates; the rows left to continue are returned."""
+        if any(len(tokens) == 0 or len(tokens) != len(logps) for tokens, logps in outputs):
+            raise RuntimeError("the vLLM server returned a row without tokens or with mismatched log-probs")
+        going = []
+        for row, (tokens, logps) in zip(rows, outputs, strict=True):
+            for y, lp in zip(tokens, logps, strict=True):
+                row.append(int(y), sampled=True, logp=lp, version=version, entropy=0.0)
+            if tokens[-1] in stops:
+                row.done = True
+                continue
+            code = fmt.find_call(self.tokenizer.decode(row.ids[row.turn_start :]))
+            if code is not None:
+                calls.append((row, code))
+            elif len(row.ids) >= budget:
+                row.done = row.truncated = True
+            else:
+                going.append(row)
+        return going
+
+    def trigger_ids(self, close: str) -> set[int]:
+        """Ids of the tokens whose text contains ``close[-1]``: only such a token can complete ``close`` (cached)."""
+        if close not in self._triggers:
+            char = close[-1]
+            self._triggers[close] = {i for i in range(len(self.tokenizer)) if char in self.tokenizer.decode([i])}
+        return self._triggers[close]
+
 
 def engine_from_config(rollout: Any, *, model: nn.Module, tokenizer: Any, version: int = 0) -> VLLMEngine | None:
     """The engine a train config's ``rollout`` section names: None for ``transformers`` (the caller's own
@@ -497,20 +618,21 @@ def _serve_generate(llm: Any, payload: Mapping[str, Any]) -> list[tuple[list[int
     from vllm import TokensPrompt
 
     p = payload["params"]
+    max_tokens = payload.get("max_tokens") or [p["max_tokens"]] * len(payload["seeds"])  # per row (tool turns)
     params = [
         VSamplingParams(
             n=1,
             temperature=p["temperature"],
             top_p=p["top_p"],
             top_k=p["top_k"],
-            max_tokens=p["max_tokens"],
+            max_tokens=m,
             ignore_eos=True,  # stop on exactly stop_token_ids (the model's generation config adds none)
             stop_token_ids=p["stop_token_ids"],
             logprobs=0,  # the sampled token's log-prob (processed_logprobs: of the distribution sampled from)
             seed=s,
             detokenize=False,
         )
-        for s in payload["seeds"]
+        for s, m in zip(payload["seeds"], max_tokens, strict=True)
     ]
     prompts = [TokensPrompt(prompt_token_ids=r) for r in payload["rows"]]
     outs = llm.generate(prompts, params, use_tqdm=False)

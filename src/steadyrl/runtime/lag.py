@@ -222,14 +222,18 @@ class LagSampler:
             self._loaded = snap.step
         return snap
 
+    def sync_engine(self, snap: Snapshot) -> None:
+        """Load snapshot ``snap``'s weights into the vLLM engine in place, once per snapshot."""
+        if self.engine is not None and self._engine_step != snap.step:
+            self.engine.update_weights(snap.state, version=snap.version)
+            self._engine_step = snap.step
+
     def sample(self, *, step: int, prompts: list[str]) -> Rollouts:
         """Sample ``group_size`` responses per prompt with the weights the schedule assigns to ``step``."""
         snap = self.load(step)
         s = self.sampling
         if self.engine is not None:  # weights updated in place once per snapshot; one version per call
-            if self._engine_step != snap.step:
-                self.engine.update_weights(snap.state, version=snap.version)
-                self._engine_step = snap.step
+            self.sync_engine(snap)
             return self.engine.generate(
                 prompts, group_size=self.group_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                 top_p=s.top_p, top_k=s.top_k, seed=derive_seed(self.seed, "sample", step), version=snap.version,
@@ -317,16 +321,28 @@ class LagSource:
         snap = sampler.load(step)
         s = sampler.sampling
         t0 = time.perf_counter()
-        with torch.no_grad():
-            out = tools.generate(
-                sampler.sampler, sampler.tokenizer, [p.prompt for p in problems], group_size=sampler.group_size,
-                temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, generator=generator(self.seed, "sample", step),
-                version=snap.version, record_entropy=sampler.record_entropy,
+        prompts = [p.prompt for p in problems]
+        if sampler.engine is not None:  # as LagSampler.sample: weights updated in place once per snapshot
+            sampler.sync_engine(snap)
+            out = sampler.engine.generate_multiturn(
+                prompts, group_size=sampler.group_size, tools=tools, temperature=s.temperature, top_p=s.top_p,
+                top_k=s.top_k, seed=derive_seed(self.seed, "sample", step), version=snap.version,
             )  # fmt: skip
+        else:
+            with torch.no_grad():
+                out = tools.generate(
+                    sampler.sampler, sampler.tokenizer, prompts, group_size=sampler.group_size,
+                    temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                    generator=generator(self.seed, "sample", step), version=snap.version,
+                    record_entropy=sampler.record_entropy,
+                )  # fmt: skip
         t1 = time.perf_counter()
         rewards = score_final(self.task, problems, out)
         t2 = time.perf_counter()
         metrics = {"time/sample_s": t1 - t0, "time/score_s": t2 - t1} | out.summary()
+        if sampler.engine is not None:  # as next_batch: the lag-free engine-vs-trainer mismatch (tool tokens attended)
+            metrics |= engine_mismatch(sampler.sampler, out.rollouts, temperature=s.temperature)
+            metrics["time/mismatch_s"] = time.perf_counter() - t2
         return ScoredRollouts(out.rollouts, rewards, metrics)
 
     def publish(self, *, step: int, version: int, model: nn.Module) -> None:

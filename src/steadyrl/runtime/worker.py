@@ -141,9 +141,15 @@ def _sample_until_done(
         prompts = [p.prompt for p in problems]
         counts: RowMetrics | None = None
         with torch.no_grad():
-            if engine is not None:  # one vLLM call runs with one set of weights (no in-flight update)
-                if engine.version != version:
-                    engine.update_weights(model, version=version)
+            if engine is not None and engine.version != version:  # one vLLM call, one set of weights (no in-flight)
+                engine.update_weights(model, version=version)
+            if engine is not None and tools is not None:  # multi-turn with vLLM; the last model turn is scored
+                out = engine.generate_multiturn(
+                    prompts, group_size=G, tools=tools, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                    seed=derive_seed(cfg.seed, "sample", ids[0], spec.index, spec.incarnation), version=version,
+                )  # fmt: skip
+                rollouts, rewards, counts = out.rollouts, score_final(task, problems, out), out.row_metrics
+            elif engine is not None:
                 rollouts = engine.generate(
                     prompts, group_size=G, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                     top_k=s.top_k, seed=derive_seed(cfg.seed, "sample", ids[0], spec.index, spec.incarnation),

@@ -385,9 +385,6 @@ class TrainConfig(_Section):
     def _engine_supports_the_run(self) -> TrainConfig:
         if self.rollout.engine != "vllm":
             return self
-        if self.tools.enabled:
-            raise ValueError("rollout.engine=vllm does not run tool turns: set tools.enabled=false or "
-                             "rollout.engine=transformers")  # fmt: skip
         if "behav_entropy" in required_inputs(self.method.resolve()):
             raise ValueError(f"method {self.method.name!r} needs the behavior entropy, which rollout.engine=vllm does "
                              "not return: use rollout.engine=transformers")  # fmt: skip
