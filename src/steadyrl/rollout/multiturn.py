@@ -191,6 +191,18 @@ class _Row:
         self.entropies.append(entropy)
 
 
+def check_multiturn_request(
+    prompts: Sequence[str], *, group_size: int, max_turns: int, max_total_tokens: int, max_tool_tokens: int
+) -> None:
+    """The argument checks every multi-turn sampler makes (transformers and vLLM): a prompt, and each limit ≥ 1."""
+    if not prompts:
+        raise ValueError("generate_multiturn needs at least one prompt")
+    for name, value in {"group_size": group_size, "max_turns": max_turns, "max_total_tokens": max_total_tokens,
+                        "max_tool_tokens": max_tool_tokens}.items():  # fmt: skip
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 def generate_multiturn(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -229,12 +241,8 @@ def generate_multiturn(
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     check_sampling_params(params)
     fmt = tool_format or ToolCallFormat()
-    if not prompts:
-        raise ValueError("generate_multiturn needs at least one prompt")
-    for name, value in {"group_size": group_size, "max_turns": max_turns, "max_total_tokens": max_total_tokens,
-                        "max_tool_tokens": max_tool_tokens}.items():  # fmt: skip
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    check_multiturn_request(prompts, group_size=group_size, max_turns=max_turns, max_total_tokens=max_total_tokens,
+                            max_tool_tokens=max_tool_tokens)  # fmt: skip
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its EOS) before sampling")
     stop_ids = stop_token_ids(model, tokenizer) if eos_token_ids is None else list(eos_token_ids)

@@ -72,7 +72,14 @@ from torch import Tensor, nn
 from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.rollout.distribution import SamplingParams, check_sampling_params
 from steadyrl.rollout.logprobs import sequence_logprobs
-from steadyrl.rollout.multiturn import MultiTurnRollouts, ToolCallFormat, ToolUse, _Row, _run_calls
+from steadyrl.rollout.multiturn import (
+    MultiTurnRollouts,
+    ToolCallFormat,
+    ToolUse,
+    _Row,
+    _run_calls,
+    check_multiturn_request,
+)
 from steadyrl.rollout.multiturn import _assemble as _assemble_multiturn
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import _assemble, _Steps, encode_prompts, stop_token_ids
@@ -300,6 +307,26 @@ class VLLMEngine:
         self.last_update_s = time.perf_counter() - t0
 
     # ---------------------------------------------------------------------------------------------- sample
+    def _prepare(
+        self, prompts: list[str], *, temperature: float, top_p: float, top_k: int,
+        eos_token_ids: Sequence[int] | None, budget: int, budget_key: str,
+    ) -> tuple[list[int], Any]:  # fmt: skip
+        """What both sampling calls check and build first: valid sampling settings, the stop ids (default
+        :attr:`stop_ids`), the encoded prompts, and that the longest prompt + ``budget`` response tokens fit
+        ``rollout.max_model_len`` (the error names ``budget_key``)."""
+        check_sampling_params(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
+        stop_ids = list(self.stop_ids) if eos_token_ids is None else [int(i) for i in eos_token_ids]
+        if not stop_ids:
+            raise ValueError("eos_token_ids is empty: a response needs a token that ends it")
+        enc = encode_prompts(self.tokenizer, prompts, device=torch.device("cpu"))
+        longest = int(enc.mask.sum(-1).max())
+        if longest + budget > self.max_model_len:
+            raise ValueError(
+                f"a prompt of {longest} tokens + {budget_key}={budget} exceeds rollout.max_model_len="
+                f"{self.max_model_len}; raise rollout.max_model_len"
+            )
+        return stop_ids, enc
+
     def generate(
         self,
         prompts: list[str],
@@ -320,22 +347,13 @@ class VLLMEngine:
         :meth:`update_weights`), which every token records. ``behav_entropy`` is not available (vLLM returns the
         sampled token's log-prob only).
         """
-        check_sampling_params(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
         if not prompts:
             raise ValueError("generate needs at least one prompt")
         if group_size < 1 or max_new_tokens < 1:
             raise ValueError(f"group_size and max_new_tokens must be >= 1, got {group_size} and {max_new_tokens}")
-        stop_ids = list(self.stop_ids) if eos_token_ids is None else [int(i) for i in eos_token_ids]
-        if not stop_ids:
-            raise ValueError("eos_token_ids is empty: a response needs a token that ends it")
-        enc = encode_prompts(self.tokenizer, prompts, device=torch.device("cpu"))
+        stop_ids, enc = self._prepare(prompts, temperature=temperature, top_p=top_p, top_k=top_k,
+                                      eos_token_ids=eos_token_ids, budget=max_new_tokens, budget_key="max_new_tokens")
         rows = [ids[m].tolist() for ids, m in zip(enc.ids, enc.mask, strict=True) for _ in range(group_size)]
-        longest = max(len(r) for r in rows)
-        if longest + max_new_tokens > self.max_model_len:
-            raise ValueError(
-                f"a prompt of {longest} tokens + max_new_tokens={max_new_tokens} exceeds rollout.max_model_len="
-                f"{self.max_model_len}; raise rollout.max_model_len"
-            )
         seeds = torch.randint(0, 2**62, (len(rows),), generator=torch.Generator().manual_seed(seed)).tolist()
         params = {
             "temperature": temperature,
@@ -383,28 +401,14 @@ class VLLMEngine:
         closed no call continue in further calls of the same turn. Each (row, call) samples with its own seed, drawn
         from ``seed``. ``version`` and ``eos_token_ids`` as in :meth:`generate`; no ``behav_entropy``.
         """
-        check_sampling_params(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
-        if not prompts:
-            raise ValueError("generate_multiturn needs at least one prompt")
-        for name, value in {"group_size": group_size, "max_turns": tools.max_turns,
-                            "max_total_tokens": tools.max_total_tokens,
-                            "max_tool_tokens": tools.max_tool_tokens}.items():  # fmt: skip
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        stop_ids = list(self.stop_ids) if eos_token_ids is None else [int(i) for i in eos_token_ids]
-        if not stop_ids:
-            raise ValueError("eos_token_ids is empty: a response needs a token that ends it")
+        check_multiturn_request(prompts, group_size=group_size, max_turns=tools.max_turns,
+                                max_total_tokens=tools.max_total_tokens, max_tool_tokens=tools.max_tool_tokens)
         fmt, budget, pad_id = tools.tool_format, tools.max_total_tokens, int(self.tokenizer.pad_token_id)
-        enc = encode_prompts(self.tokenizer, prompts, device=torch.device("cpu"))
+        stop_ids, enc = self._prepare(prompts, temperature=temperature, top_p=top_p, top_k=top_k,
+                                      eos_token_ids=eos_token_ids, budget=budget, budget_key="tools.max_total_tokens")
         prompt_ids = enc.ids.repeat_interleave(group_size, dim=0)
         prompt_mask = enc.mask.repeat_interleave(group_size, dim=0)
         rows = [_Row(prompt=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
-        longest = max(len(r.prompt) for r in rows)
-        if longest + budget > self.max_model_len:
-            raise ValueError(
-                f"a prompt of {longest} tokens + tools.max_total_tokens={budget} exceeds rollout.max_model_len="
-                f"{self.max_model_len}; raise rollout.max_model_len"
-            )
         stops = set(stop_ids)
         call_stop = stop_ids + sorted(self.trigger_ids(fmt.close) - stops)
         v = self.version if version is None else version
