@@ -8,6 +8,8 @@ Reads a sweep directory written by ``steadyrl sweep claims_wallclock`` (or any s
   for them; the one-off warm start of a new seed's model is not a step and is left out);
 * the wall-clock at which the run first reached the synchronous variant's mean final accuracy (its first eval at or
   above it), and the ratio to the synchronous runs' total time;
+* paired with the same seed's synchronous run: the final accuracy difference (Δ sync) and the wall-clock ratio;
+  on the mean line, the mean wall-clock over the synchronous variant's mean (wall/sync);
 * at equal wall-clock: the same-seed synchronous run's accuracy at this run's total wall-clock (its last eval at or
   before that time), beside this run's final accuracy: who is ahead on the same time budget;
 * staleness and pool diagnostics: mean and max lag, min ESS ratio, groups PACE rejected per step, and the learner's
@@ -81,7 +83,8 @@ def main() -> None:
     sync_final = statistics.fmean(r[3] for r in runs[args.sync].values())
     sync_wall = statistics.fmean(r[1] for r in runs[args.sync].values())
     print(f"target = {args.sync}'s mean final accuracy {sync_final:.3f}; its mean wall-clock {sync_wall:.0f} s\n")
-    print(f"{'variant':12} {'seed':>4} {'base':>6} {'final':>6} {'best':>6} {'wall s':>7} {'t(target) s':>12} "
+    print(f"{'variant':12} {'seed':>4} {'base':>6} {'final':>6} {'best':>6} {'Δ sync':>7} "
+          f"{'wall s':>7} {'wall/sync':>9} {'t(target) s':>12} "
           f"{'t / sync wall':>13} {'sync@wall':>9} {'lag mean':>8} {'lag max':>7} {'min ESS':>8} {'rejected/step':>13} "
           f"{'learner idle':>12}")  # fmt: skip
     for name in sorted(runs, key=lambda n: (n != args.sync, n)):
@@ -93,6 +96,9 @@ def main() -> None:
             if at_wall is not None:
                 sync_at.append(at_wall)
             at_s = "-" if at_wall is None else f"{at_wall:.3f}"
+            paired = same_seed is not None and name != args.sync  # final and wall-clock against the same seed's sync
+            delta = f"{final - same_seed[3]:+.3f}" if paired else "-"
+            wall_ratio = f"{wall / same_seed[1]:.2f}" if paired else "-"
             best = max(a for _, _, a in evals)
             hit = next((t for t, _, a in evals if a >= sync_final), None)
             finals.append(final)
@@ -100,14 +106,16 @@ def main() -> None:
             hits.append(hit)
             hit_s = "-" if hit is None else f"{hit:.0f}"
             ratio = "-" if hit is None else f"{hit / sync_wall:.2f}"
-            print(f"{name:12} {seed:>4} {base:6.3f} {final:6.3f} {best:6.3f} {wall:7.0f} {hit_s:>12} {ratio:>13} "
+            print(f"{name:12} {seed:>4} {base:6.3f} {final:6.3f} {best:6.3f} {delta:>7} {wall:7.0f} {wall_ratio:>9} "
+                  f"{hit_s:>12} {ratio:>13} "
                   f"{at_s:>9} {d['lag_mean']:8.1f} {d['lag_max']:7.0f} {d['min_ess']:8.3f} {d['rejected']:13.0f} "
                   f"{d['idle']:12.0%}")  # fmt: skip
         reached = [h for h in hits if h is not None]
         mean_hit = f"{statistics.fmean(reached):.0f} ({len(reached)}/{len(hits)})" if reached else f"- (0/{len(hits)})"
         at_mean = f"{statistics.fmean(sync_at):.3f}" if sync_at else ""
-        print(f"{name:12} {'mean':>4} {'':6} {statistics.fmean(finals):6.3f} {'':6} {statistics.fmean(walls):7.0f} "
-              f"{mean_hit:>12} {'':>13} {at_mean:>9}")  # fmt: skip
+        mean_ratio = statistics.fmean(walls) / sync_wall
+        print(f"{name:12} {'mean':>4} {'':6} {statistics.fmean(finals):6.3f} {'':6} {'':>7} "
+              f"{statistics.fmean(walls):7.0f} {mean_ratio:9.2f} {mean_hit:>12} {'':>13} {at_mean:>9}")  # fmt: skip
     if args.plot is not None:
         plot(runs, args.plot, sync=args.sync)
         print(f"\nwrote {args.plot}")
