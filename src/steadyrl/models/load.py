@@ -20,6 +20,7 @@ from steadyrl.models.tiny import TinyArchConfig
 from steadyrl.models.tokenizer import CHARSET
 from steadyrl.models.warmstart import WarmStartConfig, warm_start_cached
 from steadyrl.tasks import Task
+from steadyrl.tasks.types import MissingFileError
 
 #: ``ModelConfig.name`` of the embedded default model.
 DEFAULT_MODEL_NAME = "default"
@@ -81,7 +82,7 @@ def load_policy(model_cfg: ModelConfig, task: Task | None, *, seed: int, progres
     ``task`` and ``seed`` are unused. A tokenizer without a pad token gets its EOS token as pad.
 
     Raises:
-        FileNotFoundError: ``name`` is a path that does not exist.
+        MissingFileError: ``name`` is a path that does not exist (a ``FileNotFoundError``).
         OSError: ``name`` is a hub id that is not in the local hub cache (there is no internet to download it).
         ValueError: the default model is asked for without a task, or the task uses characters the character
             tokenizer lacks.
@@ -125,7 +126,7 @@ def _resolve_external(name: str) -> str:
     if local.is_dir():
         return str(local)
     if name.startswith(_PATH_PREFIXES) or local.exists() or name.count(os.sep) > 1:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"model directory {name!r} does not exist (or is not a directory). Give a local checkpoint directory "
             "saved with save_pretrained; this machine has no internet access, so models cannot be downloaded."
         )

@@ -32,7 +32,7 @@ from steadyrl.tasks.files import Row, read_rows
 from steadyrl.tasks.generated import stream_seed
 from steadyrl.tasks.prompts import check_chat_tokenizer, render_chat
 from steadyrl.tasks.text import clean_completion, fill_template, gsm8k_final_number, last_boxed
-from steadyrl.tasks.types import SPLITS, DatasetError, Problem, Split
+from steadyrl.tasks.types import SPLITS, DatasetError, MissingFileError, Problem, Split
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -118,7 +118,7 @@ class FileTask(ABC):
         try:
             rows = read_rows(path)
         except FileNotFoundError as err:
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"task.{split}_path: no such file {str(path)!r} ({self.name} reads the user's local .jsonl or .parquet "
                 f"files, nothing is downloaded): set task.{split}_path=/path/to/{split}.jsonl"
             ) from err

@@ -61,6 +61,11 @@ class Task(Protocol):
         ...
 
 
+class MissingFileError(FileNotFoundError):
+    """A file or directory a config key names does not exist; the message names the key and the fix (``steadyrl
+    train`` prints it as one line, unlike a ``FileNotFoundError`` from anywhere else, which keeps its traceback)."""
+
+
 class DatasetError(ValueError):
     """A malformed row in a user's data file: the message names the file and the 1-based line (JSONL) or row
     (Parquet), and what is wrong with it."""

@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from steadyrl.rollout.vllm_engine import VLLMUnavailableError
     from steadyrl.tasks import ChatTemplateError, DatasetError
+    from steadyrl.tasks.types import MissingFileError
     from steadyrl.train.loop import RunDirError
 
     if cfg.runtime.mode == "ray":  # before the model loads: a missing Ray is one line, not a traceback
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
     try:
         result = run(cfg)
-    except (RunDirError, VLLMUnavailableError, FileNotFoundError, DatasetError, ChatTemplateError) as err:
+    except (RunDirError, VLLMUnavailableError, MissingFileError, DatasetError, ChatTemplateError) as err:
         print(f"steadyrl train: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
