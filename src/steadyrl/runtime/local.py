@@ -10,6 +10,9 @@ weights             one flat array in shared memory (``multiprocessing.RawArray`
                     while copied in or out (4 MiB for the default model: about a millisecond).
 claims, counters    shared integers under one lock (:class:`LocalShared`); admission is
                     :func:`~steadyrl.runtime.concurrent.admitted` on them.
+locks               :class:`~steadyrl.runtime.procs.FileLock` (``flock`` on files in the spool directory), not
+                    ``multiprocessing.Lock``: the kernel frees a lock whose holder was killed, so a sampler killed
+                    while copying the weights or claiming ids cannot hang the learner.
 completed groups    one file per sampler call (all its groups) in a spool directory (``/dev/shm`` when present),
                     written to a temporary name and renamed: a sampler killed mid-write leaves no partial group.
                     The learner moves them into its pool (in completion order) and deletes the files.
@@ -49,7 +52,7 @@ from steadyrl.runtime.concurrent import (
     admission_ahead,
     admitted,
 )
-from steadyrl.runtime.procs import die_with_parent
+from steadyrl.runtime.procs import FileLock, die_with_parent
 from steadyrl.runtime.weights import FlatLayout
 from steadyrl.runtime.worker import SamplerSpec, run_sampler
 from steadyrl.tasks import Problem, Task
@@ -68,13 +71,15 @@ STOP_GRACE_S = 10.0
 class LocalShared:
     """The shared-memory state of one run (created by the learner, handed to every sampler process)."""
 
-    def __init__(self, ctx: Any, *, samplers: int, layout: FlatLayout) -> None:
+    def __init__(self, ctx: Any, *, samplers: int, layout: FlatLayout, lock_dir: str | Path) -> None:
         nbytes = layout.numel * torch.tensor([], dtype=layout.dtype).element_size()
         self.weights_raw = ctx.RawArray(ctypes.c_uint8, max(1, nbytes))
         self.dtype = layout.dtype
         self.numel = layout.numel
-        self.wlock = ctx.Lock()
-        self.lock = ctx.Lock()
+        self.wlock = FileLock(Path(lock_dir) / ".weights.lock")
+        """Exclusive while the learner writes the weights, shared while a sampler copies them."""
+        self.lock = FileLock(Path(lock_dir) / ".counters.lock")
+        """Exclusive around every read-modify-write of the claims and counters."""
         self.version = ctx.RawValue(ctypes.c_longlong, -1)
         self.step = ctx.RawValue(ctypes.c_longlong, -1)
         """The learner step whose batch is next (set after that step's weights are published); −1 before any."""
@@ -85,14 +90,16 @@ class LocalShared:
         self.claims = ctx.RawArray(ctypes.c_longlong, 2 * samplers)
         self.idle = ctx.RawArray(ctypes.c_double, samplers)
         self.busy = ctx.RawArray(ctypes.c_double, samplers)
-        self.stop = ctx.Event()
+        self.stopping = ctx.RawValue(ctypes.c_bool, False)
+        """Set by the learner to stop the samplers (a flag, not ``multiprocessing.Event``: an Event's lock, too,
+        would stay taken if a sampler were killed while reading it)."""
 
     def weights(self) -> Tensor:
         """The flat weights array as a tensor view (no copy)."""
         return torch.frombuffer(self.weights_raw, dtype=self.dtype, count=self.numel)
 
     def counters(self) -> Counters:
-        """The counters now (read under ``lock`` for a consistent set)."""
+        """The counters now (read under ``lock.exclusive()`` for a consistent set)."""
         return Counters(
             step=int(self.step.value), next_group=int(self.next_group.value), retired=int(self.retired.value),
             consumed=int(self.consumed.value),
@@ -109,15 +116,15 @@ class LocalChannel:
         self._flat: Tensor | None = None
 
     def allowed(self, want: int) -> int:
-        """How many new ids admission control and back-pressure allow now (call under ``shared.lock``)."""
+        """How many new ids admission control and back-pressure allow now (call under ``shared.lock.exclusive()``)."""
         return admitted(want, self.shared.counters(), self.admission)
 
     def claim(self, sampler: int, max_groups: int) -> list[int] | None:
         sh = self.shared
         t0 = time.perf_counter()
         try:
-            while not sh.stop.is_set():
-                with sh.lock:
+            while not sh.stopping.value:
+                with sh.lock.exclusive():
                     n = self.allowed(max_groups)
                     if n > 0:
                         lo = sh.next_group.value
@@ -135,7 +142,7 @@ class LocalChannel:
     def load_weights(self, model: nn.Module, layout: FlatLayout) -> int:
         if self._flat is None:
             self._flat = self.shared.weights()
-        with self.shared.wlock:
+        with self.shared.wlock.shared():
             version = int(self.shared.version.value)
             layout.load_into(model, self._flat)
         return version
@@ -179,9 +186,9 @@ class LocalSource(ConcurrentSource):
             say=say,
         )  # fmt: skip
         self.ctx = mp.get_context("spawn")
-        self.shared = LocalShared(self.ctx, samplers=self.n, layout=self.layout)
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.spool = Path(tempfile.mkdtemp(prefix="steadyrl-pool-", dir=base))
+        self.shared = LocalShared(self.ctx, samplers=self.n, layout=self.layout, lock_dir=self.spool)
         self.channel_kw = {"spool": str(self.spool), "admission": self.admission}
         self.procs: list[Any] = [None] * self.n
         """The sampler processes (``multiprocessing.Process``; None before the first start)."""
@@ -189,10 +196,10 @@ class LocalSource(ConcurrentSource):
     def _publish_weights(self, model: nn.Module, *, version: int, step: int) -> None:
         sh = self.shared
         flat = sh.weights()
-        with sh.wlock:
+        with sh.wlock.exclusive():
             self.layout.flatten_into(model, flat)
             sh.version.value = version
-        with sh.lock:
+        with sh.lock.exclusive():
             sh.step.value = step
 
     def _launch(self, i: int, spec: SamplerSpec) -> None:
@@ -226,11 +233,11 @@ class LocalSource(ConcurrentSource):
         time.sleep(POLL_S)
 
     def _counters(self) -> Counters:
-        with self.shared.lock:
+        with self.shared.lock.exclusive():
             return self.shared.counters()
 
     def _count(self, *, retired: int = 0, consumed: int = 0) -> None:
-        with self.shared.lock:
+        with self.shared.lock.exclusive():
             self.shared.retired.value += retired
             self.shared.consumed.value += consumed
 
@@ -243,7 +250,7 @@ class LocalSource(ConcurrentSource):
 
     def _shutdown(self) -> None:
         """Stop the samplers (SIGTERM after a grace period, then SIGKILL) and delete the spool."""
-        self.shared.stop.set()
+        self.shared.stopping.value = True
         deadline = time.monotonic() + STOP_GRACE_S
         for proc in self.procs:
             if proc is not None:
@@ -255,5 +262,7 @@ class LocalSource(ConcurrentSource):
                 if proc.is_alive():
                     proc.kill()
                     proc.join()
+        self.shared.wlock.close()
+        self.shared.lock.close()
         with contextlib.suppress(OSError):
             shutil.rmtree(self.spool)
