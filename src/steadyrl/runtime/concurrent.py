@@ -154,6 +154,7 @@ class ConcurrentSource(ABC):
         self._closed = False
         self.last_batch_ids: list[int] = []
         """Group ids of the batch :meth:`next_batch` returned last."""
+        self._open_transport()
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, **kw: Any) -> ConcurrentSource:
@@ -161,6 +162,10 @@ class ConcurrentSource(ABC):
         return cls(cfg, **kw)
 
     # -- the transport ---------------------------------------------------------------------------------------------
+    @abstractmethod
+    def _open_transport(self) -> None:
+        """Create the transport's state (shared memory, actors, ...), last thing in ``__init__``; no sampler yet."""
+
     @abstractmethod
     def _publish_weights(self, model: nn.Module, *, version: int, step: int) -> None:
         """Make ``model``'s flat weights the newest (``version``), then open ``step`` to admission."""

@@ -35,7 +35,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -55,10 +55,6 @@ from steadyrl.runtime.concurrent import (
 from steadyrl.runtime.procs import FileLock, die_with_parent
 from steadyrl.runtime.weights import FlatLayout
 from steadyrl.runtime.worker import SamplerSpec, run_sampler
-from steadyrl.tasks import Problem, Task
-
-if TYPE_CHECKING:
-    from steadyrl.train.config import TrainConfig
 
 __all__ = [
     "MAX_RESTARTS_WITHOUT_PROGRESS", "POLL_S", "UNBOUNDED", "LocalChannel", "LocalShared", "LocalSource",
@@ -177,14 +173,7 @@ class LocalSource(ConcurrentSource):
 
     label = "local"
 
-    def __init__(
-        self, cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, task: Task, train_pool: list[Problem],
-        record_entropy: bool = False, say: Any = None,
-    ) -> None:  # fmt: skip
-        super().__init__(
-            cfg, model=model, tokenizer=tokenizer, task=task, train_pool=train_pool, record_entropy=record_entropy,
-            say=say,
-        )  # fmt: skip
+    def _open_transport(self) -> None:
         self.ctx = mp.get_context("spawn")
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.spool = Path(tempfile.mkdtemp(prefix="steadyrl-pool-", dir=base))

@@ -43,7 +43,6 @@ from steadyrl.pool.records import GroupRecord
 from steadyrl.runtime.concurrent import Admission, ConcurrentSource, Counters, admitted
 from steadyrl.runtime.weights import FlatLayout
 from steadyrl.runtime.worker import SamplerSpec, run_sampler
-from steadyrl.tasks import Problem, Task
 
 #: The one line a run without Ray fails with.
 MISSING_RAY = "runtime.mode=ray needs Ray: pip install -r requirements/ray.txt"
@@ -261,14 +260,7 @@ class RaySource(ConcurrentSource):
     #: nodes started with ``ray start --resources='{"sampler": N}'`` (``num_cpus=1`` is always set).
     sampler_options: ClassVar[dict[str, Any]] = {}
 
-    def __init__(
-        self, cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, task: Task, train_pool: list[Problem],
-        record_entropy: bool = False, say: Any = None,
-    ) -> None:  # fmt: skip
-        super().__init__(
-            cfg, model=model, tokenizer=tokenizer, task=task, train_pool=train_pool, record_entropy=record_entropy,
-            say=say,
-        )  # fmt: skip
+    def _open_transport(self) -> None:
         self.actors: list[Any] = [None] * self.n
         """The sampler actor handles (None before the first start)."""
         self.runs: list[Any] = [None] * self.n
@@ -276,7 +268,7 @@ class RaySource(ConcurrentSource):
         self.coordinator: Any = None
         self._final: tuple[Counters, list[tuple[int, int]]] | None = None
         """Counters and claims when the run closed (the coordinator is gone then)."""
-        self.owns_ray = connect(cfg)
+        self.owns_ray = connect(self.cfg)
         here = ray.get_runtime_context().get_node_id()
         self.coordinator = (
             ray.remote(Coordinator)
