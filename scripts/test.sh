@@ -14,4 +14,8 @@ if [ $# -eq 0 ] && [ "${STEADYRL_VLLM_TESTS:-1}" = 1 ]; then
   bash scripts/setup_vllm.sh
   .venv-vllm/bin/python -m pytest tests/vllm -p no:cacheprovider
 fi
-.venv/bin/python -m pytest "$@"
+if [ $# -eq 0 ]; then
+  .venv/bin/python -m pytest --durations=15  # the slowest tests, listed above the summary (for a slow CI machine)
+else
+  .venv/bin/python -m pytest "$@"
+fi
