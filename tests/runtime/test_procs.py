@@ -91,7 +91,12 @@ def test_file_lock_is_freed_when_its_holder_is_killed(tmp_path: Path) -> None:
     child.join(60)
     assert held.is_set() and child.exitcode == -signal.SIGKILL
     assert not _taken(lock)
-    assert _finishes(lambda: lock.exclusive().__enter__())
+
+    def take() -> None:
+        with lock.exclusive():
+            pass
+
+    assert _finishes(take)
 
 
 def test_file_lock_excludes_other_holders_and_lets_readers_share(tmp_path: Path) -> None:

@@ -96,10 +96,8 @@ def sequence_logprobs(
             return SequenceLogprobsHidden(empty, entropy0, hidden0)
         return SequenceLogprobs(empty, entropy0)
     log_probs, out = _response_log_probs(model, batch, params=params, return_hidden=return_hidden)
-    token_logp = log_probs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # log π(y_t)
-    zeros = torch.zeros_like(token_logp)
-    logp = torch.where(response_mask, token_logp, zeros)
-    entropy = torch.where(response_mask, entropy_from_log_probs(log_probs), zeros) if return_entropy else None
+    logp = _masked(_token_logp(log_probs, batch), response_mask)
+    entropy = _masked(entropy_from_log_probs(log_probs), response_mask) if return_entropy else None
     if return_hidden:
         last = out.hidden_states[-1][:, -(T + 1) : -1]  # the output layer's input at positions P−1 … P+T−2: [N, T, H]
         hidden = torch.where(response_mask.unsqueeze(-1), last, torch.zeros_like(last))
@@ -128,6 +126,16 @@ def _response_log_probs(
     return sampling_log_probs(logits, params=params), out
 
 
+def _token_logp(log_probs: Float[Tensor, "N T V"], batch: TokenBatchLike) -> Float[Tensor, "N T"]:
+    """log π(y_t) of each response token."""
+    return log_probs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def _masked(values: Float[Tensor, "N T"], response_mask: Tensor) -> Float[Tensor, "N T"]:
+    """``values`` at sampled response tokens, 0 elsewhere (padding, tool output)."""
+    return torch.where(response_mask, values, torch.zeros_like(values))
+
+
 class ProximalLogprobs(NamedTuple):
     """What OTB reads from the proximal policy at each response token: ``logp`` = log π(y_t) and ``sum_p2`` =
     Σ_v π_v² of the same distribution, both ``[N, T]`` float32 and 0 at padding."""
@@ -153,7 +161,6 @@ def proximal_logprobs(
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     log_probs, _ = _response_log_probs(model, batch, params=params)
     response_mask = batch.response_mask.bool()
-    token_logp = log_probs.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
-    zeros = torch.zeros_like(token_logp)
+    token_logp = _token_logp(log_probs, batch)
     sum_p2 = sum_squared_probs(log_probs).to(token_logp.dtype)
-    return ProximalLogprobs(torch.where(response_mask, token_logp, zeros), torch.where(response_mask, sum_p2, zeros))
+    return ProximalLogprobs(_masked(token_logp, response_mask), _masked(sum_p2, response_mask))

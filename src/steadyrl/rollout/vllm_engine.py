@@ -472,7 +472,8 @@ class VLLMEngine:
         """Ids of the tokens whose text contains ``close[-1]``: only such a token can complete ``close`` (cached)."""
         if close not in self._triggers:
             char = close[-1]
-            self._triggers[close] = {i for i in range(len(self.tokenizer)) if char in self.tokenizer.decode([i])}
+            texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])  # one call (fast tokenizers)
+            self._triggers[close] = {i for i, text in enumerate(texts) if char in text}
         return self._triggers[close]
 
 
