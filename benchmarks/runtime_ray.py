@@ -9,7 +9,10 @@ first batch's wait (sampler start-up), and over steps 3 … steps − 1 the medi
 Variants run one after the other, ``rounds`` times, so load changes hit all alike. Needs Ray
 (``pip install --no-deps -r requirements/ray.txt``).
 
-    .venv/bin/python benchmarks/runtime_ray.py [STEPS=30] [ROUNDS=1]
+    .venv/bin/python benchmarks/runtime_ray.py [STEPS=30] [ROUNDS=1] [--default-model]
+
+``--default-model`` runs the main job's model and task instead (the default config: 1M-parameter Llama, 64 prompts
+× 8; its warm start is cached under ``~/.cache/steadyrl`` after the first run of ``bash scripts/main.sh``).
 """
 
 from __future__ import annotations
@@ -27,24 +30,30 @@ from steadyrl.train.entry import SOURCES
 from steadyrl.train.loop import train
 from steadyrl.train.metrics import read_metrics
 
-#: tests/conftest.py's tiny_overrides (without its cache dir), plus this benchmark's fixed settings.
-TINY = [
+#: tests/conftest.py's tiny_overrides (without its cache dir): the tiny model and task.
+TINY_MODEL = [
     "task.min_terms=2", "task.max_terms=2", "task.min_digits=1", "task.max_digits=1", "task.eval_size=128",
     "model.arch.hidden_size=32", "model.arch.num_layers=2", "model.arch.num_heads=2",
     "model.arch.intermediate_size=64", "model.warm_start.target_accuracy=0.25", "model.warm_start.max_steps=400",
     "model.warm_start.eval_every=20", "model.warm_start.eval_problems=128", "model.warm_start.batch_size=64",
     "model.warm_start.lr=1e-2", "model.warm_start.warmup_steps=10", "model.warm_start.train_problems=2048",
-    "eval.n=128", "eval.every=0", "sampling.max_new_tokens=4", "data.train_pool=512", "lr=1e-3",
-    "prompts_per_step=16", "runtime.threads=1", "log.progress=false", "log.timings=separate", "checkpoint.every=0",
-    "log.plot=false", "lag=0", "runtime.samplers=1", "overwrite=true",
+    "eval.n=128", "sampling.max_new_tokens=4", "data.train_pool=512", "lr=1e-3", "prompts_per_step=16",
 ]  # fmt: skip
+#: This benchmark's fixed settings: one sampler, one torch thread for it and for the learner, no eval, no checkpoint.
+SETTINGS = [
+    "eval.every=0", "runtime.threads=1", "runtime.sampler_threads=1", "log.progress=false", "log.timings=separate",
+    "checkpoint.every=0", "log.plot=false", "lag=0", "runtime.samplers=1", "overwrite=true",
+]  # fmt: skip
+TINY = [*TINY_MODEL, *SETTINGS]
 VARIANTS = {"sync": ["runtime.sync=true"], "fifo": ["pool.policy=fifo"]}
 SKIP = 3
 
 
-def one_run(mode: str, variant: str, *, steps: int, root: Path, cache: Path) -> str:
+def one_run(mode: str, variant: str, *, steps: int, root: Path, cache: Path | None) -> str:
+    """One run; ``cache`` None = the main job's default model and task (its usual model cache), else the tiny job."""
     out = root / f"{mode}-{variant}"
-    overrides = [*TINY, f"model.cache_dir={cache}", f"runtime.mode={mode}", f"steps={steps}", f"out_dir={out}"]
+    job = SETTINGS if cache is None else [*TINY, f"model.cache_dir={cache}"]
+    overrides = [*job, f"runtime.mode={mode}", f"steps={steps}", f"out_dir={out}"]
     cfg = load_config(TrainConfig, overrides=[*overrides, *VARIANTS[variant]])
     made: dict[str, float] = {}
 
@@ -71,14 +80,17 @@ def one_run(mode: str, variant: str, *, steps: int, root: Path, cache: Path) -> 
 
 
 def main() -> None:
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 30
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    default_model = "--default-model" in sys.argv
+    argv = [a for a in sys.argv[1:] if a != "--default-model"]
+    steps = int(argv[0]) if argv else 30
+    rounds = int(argv[1]) if len(argv) > 1 else 1
     with tempfile.TemporaryDirectory(prefix="steadyrl-ray-bench-") as tmp:
         root = Path(tmp)
+        cache = None if default_model else root / "cache"
         for _ in range(rounds):
             for mode in ("local", "ray"):
                 for variant in VARIANTS:
-                    print(one_run(mode, variant, steps=steps, root=root / "runs", cache=root / "cache"), flush=True)
+                    print(one_run(mode, variant, steps=steps, root=root / "runs", cache=cache), flush=True)
 
 
 if __name__ == "__main__":  # the local runtime spawns processes
