@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from steadyrl import compute_loss, resolve_method
-from steadyrl.methods import PRESETS, required_inputs
+from steadyrl.methods import PRESETS, PRESETS_BY_NAME, reads_behavior, required_inputs
 from steadyrl.methods.batch import KEY_DOCS
 from tests.core.advantages.test_vaco import _ref_vaco
 from tests.methods._batch import make_batch
@@ -63,6 +63,54 @@ def test_gradient_flows_only_through_logp(name: str) -> None:
     loss.backward()
     for key in ("behav_logp", "prox_logp", "ref_logp", "values", "grad_sq_norms", "sum_p2", "behav_entropy"):
         assert batch[key].grad is None, key
+
+
+def _mu_shifted(seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Two copies of one batch that differ only in μ: π_θ and π_prox fixed (π_prox ≠ π_θ, a later update of a phase).
+
+    The first μ is within 1e-4 nats of π_prox (inside every method's keep band, even geometric MIS's 0.999–1.001);
+    the second moves every token by noise and a few tokens by +12 nats (π/μ ≈ 6e-6), so thresholds such as the token
+    veto's 1e-4 are crossed too.
+    """
+    b1, b2 = make_batch(seed=seed), make_batch(seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    shape = b1["logp"].shape
+    prox = b1["logp"].detach() + 0.2 * torch.randn(shape, generator=g).double()
+    behav = prox + 1e-4 * torch.randn(shape, generator=g).double()
+    shift = 0.5 * torch.randn(shape, generator=g).double()
+    shift[::5, 0] += 12.0
+    for b in (b1, b2):
+        b["prox_logp"], b["behav_logp"] = prox.clone(), behav.clone()
+    b2["behav_logp"] = behav + shift
+    return b1, b2
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_each_method_reacts_to_the_behavior_policy_as_it_claims(name: str) -> None:
+    """The catalog's claim (``Preset.corrects``) against the code: with π_θ and π_prox fixed, a change of μ moves the
+    loss or the gradient of every method that claims a behavior correction in its loss, only the controller input
+    of a ``step`` method, and nothing of an uncorrected one (whose spec must not read μ either)."""
+    preset = PRESETS_BY_NAME[name]
+    spec = resolve_method(name)
+    moved = []
+    for seed in (0, 1, 2):
+        b1, b2 = _mu_shifted(seed)
+        (l1, m1), (l2, m2) = compute_loss(spec, b1), compute_loss(spec, b2)
+        l1.backward()
+        l2.backward()
+        loss_moved = not torch.allclose(l1, l2, rtol=0, atol=1e-12)
+        grad_moved = not torch.allclose(b1["logp"].grad, b2["logp"].grad, rtol=0, atol=1e-12)
+        step_moved = "vcpo/ess_ratio" in m1 and not torch.equal(m1["vcpo/ess_ratio"], m2["vcpo/ess_ratio"])
+        moved.append((loss_moved or grad_moved, step_moved))
+    if preset.corrects == "loss":
+        assert all(loss for loss, _ in moved), f"{name}: μ changed, its loss and gradient did not ({moved})"
+        assert reads_behavior(spec, controllers=False)
+    elif preset.corrects == "step":
+        assert not any(loss for loss, _ in moved) and all(step for _, step in moved), moved
+        assert reads_behavior(spec) and not reads_behavior(spec, controllers=False)
+    else:
+        assert not any(loss or step for loss, step in moved), f"{name} claims no correction but reads μ"
+        assert not reads_behavior(spec)
 
 
 # Correction presets: on-policy (μ = π_prox = π_θ) they must reduce to the objective they correct.

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from steadyrl.control.base import SKIP_STEP, Controller, build_controllers
 from steadyrl.control.ess_lr import ESS_METRIC
-from steadyrl.methods import KEY_DOCS, MethodSpec, required_inputs, resolve_method
+from steadyrl.methods import KEY_DOCS, MethodSpec, reads_behavior, required_inputs, resolve_method
 from steadyrl.methods import spec as S
 
 #: Advantage types the framework's own advantages stand in for (the estimator runs before the loss, outside it).
@@ -71,12 +71,7 @@ def token_loss_spec(method: str | MethodSpec, overrides: Mapping[str, Any] | Non
 
 def needs_behavior(spec: MethodSpec) -> bool:
     """Whether the loss of ``spec`` depends on μ (``behav_logp``) beyond the diagnostics."""
-    return (
-        bool(spec.corrections)
-        or spec.objective.type in ("m2po_clip", "gmc_grpo", "oapl")
-        or spec.policy == "bypass"
-        or any(isinstance(c, S.EssStepSize) for c in spec.controllers)
-    )
+    return reads_behavior(spec)
 
 
 def step_share(

@@ -56,7 +56,7 @@ from torch import Tensor
 from steadyrl.control.base import SKIP_STEP, Controller, build_controllers
 from steadyrl.control.ess_lr import ESS_METRIC
 from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
-from steadyrl.methods import MethodSpec, compute_loss, required_inputs, resolve_method
+from steadyrl.methods import MethodSpec, compute_loss, reads_behavior, required_inputs, resolve_method
 
 #: The AReaL release this adapter was written and tested against.
 AREAL_VERSION = "1.0.4"
@@ -113,12 +113,7 @@ def why_not_hosted(spec: MethodSpec) -> str | None:
 
 def needs_behavior(spec: MethodSpec) -> bool:
     """Whether the loss or a controller of ``spec`` reads μ (AReaL must then keep it: ``use_decoupled_loss``)."""
-    return (
-        bool(spec.corrections)
-        or spec.policy == "bypass"
-        or spec.objective.type == "m2po_clip"
-        or any(c.type == "ess_lr" for c in spec.controllers)
-    )
+    return reads_behavior(spec)
 
 
 def supported(method: str | MethodSpec) -> tuple[bool, str]:

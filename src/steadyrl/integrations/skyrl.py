@@ -53,7 +53,7 @@ from torch import Tensor
 
 from steadyrl.core.advantages import grpo
 from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
-from steadyrl.methods import MethodSpec, compute_loss, required_inputs, resolve_method
+from steadyrl.methods import MethodSpec, compute_loss, reads_behavior, required_inputs, resolve_method
 from steadyrl.methods.spec import GrpoAdvantage
 
 #: The SkyRL release this adapter was written and tested against.
@@ -121,7 +121,7 @@ def why_not_hosted(spec: MethodSpec) -> str | None:
 
 def needs_behavior(spec: MethodSpec) -> bool:
     """Whether the loss of ``spec`` reads μ (then SkyRL must record ``rollout_logprobs``)."""
-    return bool(spec.corrections) or spec.policy == "bypass" or spec.objective.type in ("m2po_clip", "oapl")
+    return reads_behavior(spec, controllers=False)  # controllers are refused here (why_not_hosted)
 
 
 class PolicyLoss:

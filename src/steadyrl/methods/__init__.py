@@ -7,7 +7,7 @@
 from steadyrl.methods.batch import KEY_DOCS, LossBatch
 from steadyrl.methods.compose import compute_loss
 from steadyrl.methods.presets import PRESETS, PRESETS_BY_NAME, Preset
-from steadyrl.methods.resolve import required_inputs, resolve_method
+from steadyrl.methods.resolve import reads_behavior, required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "MethodSpec",
     "Preset",
     "compute_loss",
+    "reads_behavior",
     "required_inputs",
     "resolve_method",
 ]

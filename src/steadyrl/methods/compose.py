@@ -6,13 +6,14 @@ The pipeline, in the order it runs (ALGORITHMS.md, "Two policies or three"):
    detached when not given (one update per batch: VCPO's setting); in ``policy="bypass"`` π_prox := μ (verl).
    ℓ = log π_prox − log μ is the behavior-correction log-ratio, detached.
 2. **Rewards.** Outcome rewards [B] (or token rewards [B,T]); ``kl.type="in_reward"`` subtracts β·k_t per token.
-3. **Advantages.** GRPO / Dr.GRPO, OPOB, OTB, COPC TD, VACO (GRPO re-aligned with a one-step V-trace target on
-   ℓ), or given; sequence advantages are broadcast to tokens.
+3. **Advantages.** GRPO / Dr.GRPO (optionally on length-corrected rewards R_i/L_i, TIC-GRPO), OPOB, OTB, COPC TD,
+   VACO (GRPO re-aligned with a one-step V-trace target on ℓ), or given; sequence advantages are broadcast to tokens.
 4. **Corrections**, in the method's order: each returns detached token weights and a mask; weights multiply, masks
    intersect. Their ``is/...`` metrics are renamed ``<correction>/...`` so they never shadow the diagnostics.
 5. **Objective** on the surviving tokens, aggregated with the method's ``agg`` mode. GMC-GRPO computes its own
    sequence weights and OAPL has no importance ratio: with them, corrections act through their masks only (their
-   weights are not applied). TIC-GRPO takes one weight per sequence: the masked mean of the correction weights.
+   weights are not applied). TIC-GRPO takes one weight per sequence (the masked mean of the correction weights)
+   on top of its own trajectory ratio to μ.
 6. **KL in the loss** (optional), then the **diagnostics** every run logs (ESS, weights, mismatch KL, lag) measured
    on π_prox (or π_θ detached) against μ, and the inputs of the method's controllers (``vcpo/ess_ratio``).
 
@@ -106,8 +107,9 @@ def _advantages(
         return out.advantages, None, {**rw.metrics, **out.metrics}
     assert seq_r is not None and b.group_ids is not None
     if isinstance(adv, S.GrpoAdvantage):
+        r = grpo.length_corrected_rewards(rewards=seq_r, mask=mask) if adv.length_corrected else seq_r
         out_g = grpo.grpo_advantages(
-            rewards=seq_r, group_ids=b.group_ids, scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased
+            rewards=r, group_ids=b.group_ids, scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased
         )
         metrics = {**rw.metrics, **out_g.metrics}
         return grpo.token_advantages(advantages=out_g.advantages, mask=mask), out_g.advantages, metrics
@@ -234,8 +236,8 @@ def _objective(
         # Sequence weight of the corrections: their masked mean (exact for sequence-level corrections).
         w_seq = None if w is None else masked_mean(w, mask, dim=-1)
         return tic_grpo.tic_grpo_loss(
-            logp=logp, prox_logp=prox, advantages=a_seq, mask=mask, weights=w_seq,
-            clip_eps=obj.eps, upper_only=obj.upper_only,
+            logp=logp, behav_logp=behav if obj.ratio_to == "behavior" else prox, advantages=a_seq, mask=mask,
+            weights=w_seq, clip_eps=obj.eps, upper_only=obj.upper_only,
         )  # fmt: skip
     if isinstance(obj, S.GMCGRPO):
         assert b.group_ids is not None

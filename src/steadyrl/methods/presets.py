@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Confidence = Literal["exact", "reference-code", "reconstructed"]
+Corrects = Literal["loss", "step", "none"]
 
 #: Source of the rollout-correction presets that have no paper of their own.
 _VERL_RC = "verl rollout correction (rollout_corr); truncated IS after Yao et al. 2025 (blog, no arXiv id)"
@@ -27,6 +28,10 @@ class Preset:
     confidence: Confidence
     fields: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    corrects: Corrects = "loss"
+    """How the method claims to act on the behavior policy μ: through its loss or gradient (``loss``), only through
+    a step-level controller's input (``step``: VCPO's ESS step size alone), or not at all (``none``: the
+    uncorrected baselines, GAC, the reference KL). A property test holds every preset to its claim."""
 
 
 PRESETS: tuple[Preset, ...] = (
@@ -36,6 +41,7 @@ PRESETS: tuple[Preset, ...] = (
         "2402.03300",
         "exact",
         {"agg": "seq-mean-token-mean"},
+        corrects="none",
     ),
     Preset(
         "dr_grpo",
@@ -43,6 +49,7 @@ PRESETS: tuple[Preset, ...] = (
         "2503.20783",
         "exact",
         {"advantage": {"type": "grpo", "scale": "none"}, "agg": "seq-mean-token-sum-norm"},
+        corrects="none",
     ),
     Preset(
         "ppo",
@@ -50,6 +57,7 @@ PRESETS: tuple[Preset, ...] = (
         "1707.06347",
         "exact",
         {"objective": {"type": "ppo_clip"}, "agg": "token-mean"},
+        corrects="none",
     ),
     Preset(
         "gspo",
@@ -57,6 +65,7 @@ PRESETS: tuple[Preset, ...] = (
         "2507.18071",
         "reference-code",
         {"objective": {"type": "gspo"}, "agg": "seq-mean-token-mean"},
+        corrects="none",
     ),
     Preset(
         "token_tis",
@@ -160,10 +169,11 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "tic_grpo",
-        "TIC-GRPO: one trajectory-level ratio with gradient in place of token ratios, clipped",
+        "TIC-GRPO: one trajectory ratio π_θ(y)/μ(y) with gradient in place of token ratios, clipped above at "
+        "1+ε, on length-corrected group-normalized advantages",
         "2508.02833",
         "reconstructed",
-        {"objective": {"type": "tic_grpo"}},
+        {"objective": {"type": "tic_grpo"}, "advantage": {"type": "grpo", "length_corrected": True}},
     ),
     Preset(
         "gmc_grpo",
@@ -191,6 +201,7 @@ PRESETS: tuple[Preset, ...] = (
         "2602.17616",
         "exact",
         {"controllers": [{"type": "ess_lr"}]},
+        corrects="step",
     ),
     Preset(
         "opob",
@@ -205,6 +216,7 @@ PRESETS: tuple[Preset, ...] = (
         "2603.01501",
         "reconstructed",
         {"controllers": [{"type": "gac"}]},
+        corrects="none",
     ),
     Preset(
         "oapl",
@@ -249,6 +261,7 @@ PRESETS: tuple[Preset, ...] = (
         "2203.02155",
         "exact",
         {"kl": {"type": "in_reward"}},
+        corrects="none",
     ),
     Preset(
         "kl_in_loss",
@@ -256,6 +269,7 @@ PRESETS: tuple[Preset, ...] = (
         "2402.03300",
         "exact",
         {"kl": {"type": "in_loss"}},
+        corrects="none",
     ),
     Preset(
         "otb",

@@ -113,6 +113,18 @@ def resolve_method(spec: str | MethodSpec, overrides: Mapping[str, Any] | None =
         raise ValueError(_format_validation(name, err)) from None
 
 
+def reads_behavior(method: MethodSpec, *, controllers: bool = True) -> bool:
+    """Whether the loss (or, with ``controllers``, a step-level controller) of ``method`` depends on μ.
+
+    True when the method has a correction, runs in bypass mode (π_prox := μ), or a component declares
+    ``reads_behavior`` (its class in ``steadyrl.methods.spec``). Framework adapters use it to decide whether the
+    framework must record the behavior log-probs; ``tests/methods/test_compute_loss.py`` checks every preset against
+    it (a μ shift moves the loss or gradient exactly when this is True).
+    """
+    parts = [method.advantage, method.objective, *(method.controllers if controllers else ())]
+    return bool(method.corrections) or method.policy == "bypass" or any(p.reads_behavior for p in parts)
+
+
 def required_inputs(method: MethodSpec) -> tuple[str, ...]:
     """Batch keys the loss of ``method`` needs beyond ``logp``, ``behav_logp`` and ``mask`` (derived from its spec)."""
     needs: list[str] = []

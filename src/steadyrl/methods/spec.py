@@ -7,7 +7,7 @@ calling ``steadyrl.core``. Field docs name the paper each option comes from.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,6 +17,9 @@ from steadyrl.core.masking import AggMode
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reads_behavior: ClassVar[bool] = False
+    """Whether this component's output depends on μ (``behav_logp``); corrections always do."""
 
 
 # --------------------------------------------------------------------------------------------------- advantages
@@ -29,12 +32,17 @@ class GrpoAdvantage(_Strict):
     )
     eps: float = Field(1e-6, ge=0, description="added to the std before dividing (verl 1e-6, TRL 1e-4)")
     unbiased: bool = Field(True, description="n−1 std (verl, TRL) instead of the population std")
+    length_corrected: bool = Field(
+        False, description="normalize R_i/L_i instead of R_i (TIC-GRPO's length-corrected group normalization, "
+        "arXiv 2508.02833) [reconstructed]"
+    )
 
 
 class OpobAdvantage(_Strict):
     """VCPO's off-policy optimal baseline (arXiv 2602.17616, Sec. 4): needs per-trajectory squared grad norms."""
 
     type: Literal["opob"] = "opob"
+    reads_behavior: ClassVar[bool] = True
     weighting: Literal["paper", "authors_code"] = Field(
         "paper", description="W_i = w_i²‖∇‖² (paper) or w̄_i² w_i² ‖∇‖² (authors' code, ≈ w⁴)"
     )
@@ -49,6 +57,7 @@ class OtbAdvantage(_Strict):
     """Optimal token baseline (arXiv 2602.07078; verl ``optimal_token_baseline``): needs ``sum_p2`` per token."""
 
     type: Literal["otb"] = "otb"
+    reads_behavior: ClassVar[bool] = True
     importance_weighted: bool = Field(True, description="put the squared token weight w_t² into W_t")
 
 
@@ -56,6 +65,7 @@ class CopcAdvantage(_Strict):
     """COPC two-sided clipped-ratio TD advantages (arXiv 2610.09597) [reconstructed]: needs ``values``."""
 
     type: Literal["copc"] = "copc"
+    reads_behavior: ClassVar[bool] = True
     gamma: float = Field(1.0, ge=0, le=1, description="discount γ")
     lam: float = Field(1.0, ge=0, le=1, description="trace decay λ")
     rho_min: float = Field(0.5, ge=0, description="lower clip of ρ̄ (paper value unknown; sweep with c_low/c_high)")
@@ -70,6 +80,7 @@ class VacoAdvantage(_Strict):
     """
 
     type: Literal["vaco"] = "vaco"
+    reads_behavior: ClassVar[bool] = True
     rho_bar: float = Field(1.0, gt=0, description="V-trace truncation ρ̄ of the sequence ratio (IMPALA default 1)")
     ratio: Literal["geometric", "product"] = Field(
         "geometric", description="sequence ratio: geometric mean of the token ratios (default) or their product"
@@ -258,23 +269,31 @@ class M2POClip(_Strict):
     """M2PO clip-narrowing variant (authors' code): PPO clip range from the second-moment budget."""
 
     type: Literal["m2po_clip"] = "m2po_clip"
+    reads_behavior: ClassVar[bool] = True
     tau: float = Field(0.04, gt=0, description="second-moment budget τ")
     floor_low: float | None = Field(None, ge=0, description="minimum ε_low (0.3 in the code, unset in its scripts)")
     floor_high: float | None = Field(None, ge=0, description="minimum ε_high (0.5 in the code, unset in its scripts)")
 
 
 class TICGRPO(_Strict):
-    """TIC-GRPO (arXiv 2508.02833): one trajectory ratio with gradient, clipped [reconstructed detail]."""
+    """TIC-GRPO (arXiv 2508.02833): one trajectory ratio π_θ(y)/μ(y) with gradient, clipped above at 1 + ε."""
 
     type: Literal["tic_grpo"] = "tic_grpo"
-    eps: float = Field(0.2, gt=0, description="clip ε")
-    upper_only: bool = Field(False, description="clip only above 1+ε (the GMC paper's reading)")
+    reads_behavior: ClassVar[bool] = True
+    eps: float = Field(0.2, gt=0, description="clip ε (the paper's value is not known here; 0.2 is ours)")
+    upper_only: bool = Field(True, description="clip only above 1+ε (the paper's upper-only clipping); "
+                             "false: two-sided [1−ε, 1+ε] (our earlier reading)")
+    ratio_to: Literal["behavior", "proximal"] = Field(
+        "behavior", description="denominator of the trajectory ratio: μ, the policy that sampled (the paper), or "
+        "π_prox (our earlier reading: no behavior correction when π_prox is not recomputed)"
+    )
 
 
 class GMCGRPO(_Strict):
     """GMC-GRPO group-mass capping (arXiv 2610.01896) [reconstructed]."""
 
     type: Literal["gmc_grpo"] = "gmc_grpo"
+    reads_behavior: ClassVar[bool] = True
     eps: float = Field(0.2, gt=0, description="cap of the group's mean ratio at 1+ε (paper value unknown: sweep)")
     cap: Literal["mass", "rms"] = Field("mass", description="mean-ratio cap, or root-mean-square cap")
 
@@ -283,6 +302,7 @@ class OAPL(_Strict):
     """OAPL (arXiv 2602.19362): squared regression onto the optimal advantage; no importance ratio."""
 
     type: Literal["oapl"] = "oapl"
+    reads_behavior: ClassVar[bool] = True
     beta1: float = Field(1.0, gt=0, description="temperature of the soft value V̂*")
     beta2: float = Field(1e-3, gt=0, description="scale of the log-ratio to the behavior policy")
 
@@ -323,6 +343,7 @@ class EssStepSize(_Strict):
     """VCPO ESS-scaled step size (arXiv 2602.17616): lr_t = lr · f(min(1, ρ_ess/ρ_base))."""
 
     type: Literal["ess_lr"] = "ess_lr"
+    reads_behavior: ClassVar[bool] = True
     rho_base: float = Field(1.0, gt=0, description="ρ_base (0.55 for multi-turn in the paper)")
     fn: Literal["sqrt", "identity"] = Field("sqrt", description="f")
     clip: float | None = Field(None, gt=0, description="use min(w, clip) for the ESS instead of unclipped weights")

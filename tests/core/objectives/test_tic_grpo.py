@@ -1,4 +1,5 @@
-"""TIC-GRPO's clipped trajectory ratio against a float64 loop reference written from ALGORITHMS.md."""
+"""TIC-GRPO's clipped trajectory ratio to μ against a float64 loop reference written from the paper's form
+(docs/algorithms.md, ``tic_grpo``: w_i = π_θ(y_i)/π_old(y_i) with π_old the sampling policy, upper-only clip)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def _ref(b: Batch, *, eps: float, upper_only: bool, weighted: bool):
         toks = [t for t in range(T) if b.mask[i, t]]
         if not toks:
             continue
-        w = torch.exp(clamp20(sum(b.logp[i, t] - b.prox_logp[i, t] for t in toks)))  # w'_i = exp(Σ_t log r)
+        w = torch.exp(clamp20(sum(b.logp[i, t] - b.behav_logp[i, t] for t in toks)))  # w_i = exp(Σ_t log π_θ/μ)
         A = float(b.adv_seq[i])
         clip = torch.clamp(w, max=1.0 + eps) if upper_only else torch.clamp(w, 1.0 - eps, 1.0 + eps)
         clipped += int(clip * A < w * A)
@@ -36,7 +37,7 @@ def test_matches_reference(upper_only: bool, eps: float, weighted: bool) -> None
     b = make_batch(21, B=8, T=4, scale=0.3)
     out = tic_grpo_loss(
         logp=b.logp,
-        prox_logp=b.prox_logp,
+        behav_logp=b.behav_logp,
         advantages=b.adv_seq,
         mask=b.mask,
         weights=b.weights[:, 0] if weighted else None,
@@ -53,10 +54,10 @@ def test_matches_reference(upper_only: bool, eps: float, weighted: bool) -> None
 def test_upper_only_keeps_gradient_of_small_ratio_with_negative_advantage() -> None:
     # w' = e^{-0.7} ≈ 0.50 < 1 − ε, A = −1: the two-sided clip freezes it, the upper-only clip does not.
     logp = torch.tensor([[-0.3, -0.4]], dtype=DT, requires_grad=True)
-    prox = torch.zeros(1, 2, dtype=DT)
-    kw = {"logp": logp, "prox_logp": prox, "advantages": torch.tensor([-1.0], dtype=DT), "mask": torch.ones(1, 2)}
-    two = tic_grpo_loss(**kw)
-    upper = tic_grpo_loss(**kw, upper_only=True)
+    behav = torch.zeros(1, 2, dtype=DT)
+    kw = {"logp": logp, "behav_logp": behav, "advantages": torch.tensor([-1.0], dtype=DT), "mask": torch.ones(1, 2)}
+    two = tic_grpo_loss(**kw, upper_only=False)
+    upper = tic_grpo_loss(**kw)  # the default: the paper's upper-only clip
     w = torch.exp(torch.tensor(-0.7, dtype=DT))
     assert_close(two.loss, 0.8)
     assert torch.equal(grad_of(two.loss, logp), torch.zeros_like(logp))
@@ -67,7 +68,7 @@ def test_upper_only_keeps_gradient_of_small_ratio_with_negative_advantage() -> N
 @given(seed=seeds, B=dims, T=dims)
 def test_on_policy_reduces_to_mean_advantage_objective(seed: int, B: int, T: int) -> None:
     b = make_batch(seed, B, T, empty_row=B > 1)
-    out = tic_grpo_loss(logp=b.logp, prox_logp=b.logp.detach(), advantages=b.adv_seq, mask=b.mask)
+    out = tic_grpo_loss(logp=b.logp, behav_logp=b.logp.detach(), advantages=b.adv_seq, mask=b.mask)
     rows = [i for i in range(B) if b.mask[i].any()]
     assert_close(out.loss, -sum(float(b.adv_seq[i]) for i in rows) / len(rows))
     assert out.metrics["loss/clip_frac"] == 0.0
@@ -84,8 +85,8 @@ def test_huge_log_ratios_give_finite_loss_and_gradients(
     seed: int, B: int, T: int, sign: float, upper_only: bool
 ) -> None:
     b = make_batch(seed, B, T)
-    prox = b.logp.detach() + sign * 1000.0
-    out = tic_grpo_loss(logp=b.logp, prox_logp=prox, advantages=b.adv_seq, mask=b.mask, upper_only=upper_only)
+    behav = b.logp.detach() + sign * 1000.0
+    out = tic_grpo_loss(logp=b.logp, behav_logp=behav, advantages=b.adv_seq, mask=b.mask, upper_only=upper_only)
     assert torch.isfinite(out.loss)
     assert torch.isfinite(grad_of(out.loss, b.logp)).all()
     assert all(torch.isfinite(v) for v in out.metrics.values())
@@ -93,7 +94,7 @@ def test_huge_log_ratios_give_finite_loss_and_gradients(
 
 def test_fully_masked_batch_is_zero_with_zero_grad() -> None:
     b = make_batch(22)
-    out = tic_grpo_loss(logp=b.logp, prox_logp=b.prox_logp, advantages=b.adv_seq, mask=torch.zeros_like(b.mask))
+    out = tic_grpo_loss(logp=b.logp, behav_logp=b.behav_logp, advantages=b.adv_seq, mask=torch.zeros_like(b.mask))
     out.loss.backward()
     assert out.loss.item() == 0.0
     assert torch.equal(b.logp.grad, torch.zeros_like(b.logp))
@@ -103,10 +104,34 @@ def test_fully_masked_batch_is_zero_with_zero_grad() -> None:
 @given(seed=seeds)
 def test_gradient_flows_only_through_logp(seed: int) -> None:
     b = make_batch(seed)
-    prox = b.prox_logp.clone().requires_grad_(True)
+    behav = b.behav_logp.clone().requires_grad_(True)
     adv = b.adv_seq.clone().requires_grad_(True)
-    out = tic_grpo_loss(logp=b.logp, prox_logp=prox, advantages=adv, mask=b.mask)
+    out = tic_grpo_loss(logp=b.logp, behav_logp=behav, advantages=adv, mask=b.mask)
     out.loss.backward()
-    assert prox.grad is None and adv.grad is None
+    assert behav.grad is None and adv.grad is None
     assert torch.isfinite(b.logp.grad).all()
     assert torch.equal(b.logp.grad[~b.mask], torch.zeros_like(b.logp.grad[~b.mask]))
+
+
+def test_compute_loss_ratio_is_to_mu_with_length_corrected_advantages() -> None:
+    """The preset end to end, by hand: R_i/L_i normalized per group (unbiased std + 1e-6), w_i = Π_t π_θ/μ, upper
+    clip at 1.2, mean over responses."""
+    from steadyrl import compute_loss
+    from tests.methods._batch import make_batch as full_batch
+
+    batch = full_batch(seed=11, scale=0.2)
+    loss, _ = compute_loss("tic_grpo", batch)
+    logp, behav, mask = batch["logp"].detach(), batch["behav_logp"], batch["mask"]
+    B = mask.shape[0]
+    L = [int(mask[i].sum()) for i in range(B)]
+    r = [float(batch["rewards"][i]) / L[i] for i in range(B)]
+    gid = batch["group_ids"].tolist()
+    terms = []
+    for i in range(B):
+        members = [r[j] for j in range(B) if gid[j] == gid[i]]
+        mean = sum(members) / len(members)
+        std = (sum((x - mean) ** 2 for x in members) / (len(members) - 1)) ** 0.5
+        A = (r[i] - mean) / (std + 1e-6)
+        w = float(torch.exp(sum(logp[i, t] - behav[i, t] for t in range(mask.shape[1]) if mask[i, t])))
+        terms.append(-min(w * A, min(w, 1.2) * A))
+    assert loss.item() == pytest.approx(sum(terms) / B, abs=1e-10)

@@ -99,6 +99,19 @@ def grpo_advantages(
     return GroupAdvantages(advantages=advantages, baseline=baseline, scale=safe, metrics=metrics)
 
 
+def length_corrected_rewards(
+    *, rewards: Float[Tensor, " B"], mask: Shaped[Tensor, "B T"]
+) -> Float[Tensor, " B"]:
+    """R_i / L_i: TIC-GRPO's length-corrected rewards, normalized by GRPO afterwards (arXiv 2508.02833).
+
+    The paper pairs its trajectory ratio with a "length-corrected group normalization" (the ICLR 2026 reviews name
+    it); its formula was not available here. Our reading [reconstructed], from a public re-implementation: the
+    reward is divided by the response's length *before* the group mean and std, A_i = (R_i/L_i − mean_g R/L) /
+    (std_g R/L + ε). L_i = number of masked-in tokens (a row with none counts as length 1). Detached.
+    """
+    return rewards.detach() / as_bool_mask(mask).sum(dim=-1).clamp(min=1).to(rewards.dtype)
+
+
 def reward_scale(
     *,
     rewards: Float[Tensor, " B"],
