@@ -158,9 +158,9 @@ def test_prox_defaults_to_logp_detached(name: str) -> None:
 
 @given(seed=st.integers(0, 10_000), agg=st.sampled_from(["token-mean", "seq-mean-token-mean"]))
 def test_on_policy_vaco_is_grpo(seed: int, agg: str) -> None:
-    """μ = π_prox = π_θ: no re-alignment (all ρ = 1) and no TV drop, so VACO is PPO-clip on GRPO advantages."""
+    """μ = π_prox = π_θ: no re-alignment (all ρ = 1), no TV drop, weights 1: VACO is REINFORCE on GRPO advantages."""
     spec = resolve_method("vaco", {"agg": agg})
-    plain = resolve_method("ppo", {"agg": agg})
+    plain = resolve_method("grpo", {"agg": agg, "objective.type": "reinforce"})
     b1, b2 = make_batch(seed=seed, on_policy=True), make_batch(seed=seed, on_policy=True)
     loss, metrics = compute_loss(spec, b1)
     ref, ref_metrics = compute_loss(plain, b2)
@@ -174,18 +174,20 @@ def test_on_policy_vaco_is_grpo(seed: int, agg: str) -> None:
 
 @given(seed=st.integers(0, 10_000))
 def test_vaco_realigns_with_prox_and_matches_float64_reference(seed: int) -> None:
-    """The whole VACO loss by hand (filter off): ρ_i from the *given* π_prox, v_g, A_i, REINFORCE token-mean."""
+    """The whole VACO loss by hand (filter off): ρ_i from the *given* π_prox, v_g, A_i; the unclipped ratio to μ,
+    −A·min(π_prox/μ, 1e4)·π_θ/π_prox = −A·π_θ/μ, summed per sequence and divided by B·T (seq-mean-token-sum-norm)."""
     batch = make_batch(seed=seed, scale=0.5)
     g = torch.Generator().manual_seed(seed)
     batch["prox_logp"] = batch["logp"].detach() + 0.3 * torch.randn(batch["logp"].shape, generator=g).double()
-    spec = resolve_method("vaco", {"vaco_filter.delta": 1e9, "objective.type": "reinforce", "advantage.rho_bar": 1.2})
+    spec = resolve_method("vaco", {"vaco_filter.delta": 1e9, "advantage.rho_bar": 1.2})
     loss, metrics = compute_loss(spec, batch)
     mask, ell = batch["mask"], batch["prox_logp"] - batch["behav_logp"]
     adv, target, _ = _ref_vaco(batch["rewards"], batch["group_ids"], ell, mask, rho_bar=1.2, ratio="geometric",
                                scale="group", eps=1e-6, unbiased=True)
-    r = torch.exp(batch["logp"].detach() - batch["prox_logp"])  # REINFORCE −A·r, r = π_θ/π_prox (value)
-    terms = [-adv[i] * float(r[i, t]) for i in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[i, t]]
-    assert loss.item() == pytest.approx(sum(terms) / len(terms), abs=1e-10)
+    r = torch.exp(batch["logp"].detach() - batch["behav_logp"])  # π_θ/μ (value), below the 1e4 truncation here
+    B, T = mask.shape
+    terms = [-adv[i] * float(r[i, t]) for i in range(B) for t in range(T) if mask[i, t]]
+    assert loss.item() == pytest.approx(sum(terms) / (B * T), abs=1e-10)
     assert metrics["adv/baseline_mean"].item() == pytest.approx(sum(target) / len(target), abs=1e-12)
     assert metrics["adv/realign_shift"].item() > 0.0
 

@@ -197,15 +197,15 @@ def _correct(
             log_ratio=behav - measured, mask=mask, tau=c.tau, harmful_only=c.harmful_only, advantages=adv_tok
         )  # δ = log μ − log π_prox (measured, also under bypass)
     if isinstance(c, S.VacoFilter):
-        level = "geometric" if c.level == "sequence" else "token"
         return filters.vaco_filter(
-            logp=logp, behav_logp=behav, advantages=adv_tok, mask=mask, delta=c.delta, level=level
-        )
+            logp=logp, behav_logp=behav, advantages=adv_tok, mask=mask, group_ids=b.group_ids, delta=c.delta,
+            rule=c.rule,
+        )  # fmt: skip
     if isinstance(c, S.CopcMask):
         return filters.copc_actor_mask(logp=logp, behav_logp=behav, mask=mask, c_low=c.c_low, c_high=c.c_high)
     assert isinstance(c, S.ESTRMask) and b.behav_entropy is not None
     kw = {} if c.tau is None else {"tau": c.tau}
-    return filters.estr_mask(logp=logp, behav_logp=behav, behav_entropy=b.behav_entropy, mask=mask, **kw)
+    return filters.estr_mask(logp=logp, behav_logp=behav, behav_entropy=b.behav_entropy, mask=mask, eps=c.eps, **kw)
 
 
 def _objective(

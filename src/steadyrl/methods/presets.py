@@ -229,10 +229,17 @@ PRESETS: tuple[Preset, ...] = (
     Preset(
         "vaco",
         "VACO: advantages re-aligned once per phase with a one-step V-trace target (ρ̄ = 1, π_prox recomputed); "
-        "drop samples whose TV step would grow past δ = 0.2 in the direction of their advantage",
+        "past a TV of δ = 0.2, drop tokens that moved in their advantage's direction; the filter replaces the "
+        "PPO clip (unclipped π_θ/μ, truncated at 1e4, as the released code)",
         "2603.01365",
         "reconstructed",
-        {"advantage": {"type": "vaco"}, "corrections": [{"type": "vaco_filter"}], "recompute_prox": True},
+        {
+            "advantage": {"type": "vaco"},
+            "corrections": [{"type": "vaco_filter"}, {"type": "token_tis", "cap": 1e4}],
+            "objective": {"type": "reinforce"},
+            "agg": "seq-mean-token-sum-norm",
+            "recompute_prox": True,
+        },
     ),
     Preset(
         "copc",
@@ -243,10 +250,11 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "estr",
-        "ESTR: keep tokens whose squared log-ratio is small relative to the behavior entropy, PPO-clip on them",
+        "ESTR: keep tokens whose squared log-ratio to μ is small relative to the behavior entropy, PPO-clip on "
+        "π_θ/μ (bypass) for the kept ones",
         "2607.22186",
         "reconstructed",
-        {"corrections": [{"type": "estr"}]},
+        {"corrections": [{"type": "estr"}], "policy": "bypass"},
     ),
     Preset(
         "prefix_ratio",

@@ -143,6 +143,8 @@ def required_inputs(method: MethodSpec) -> tuple[str, ...]:
         needs += ["rewards", "group_ids"]
     if method.objective.type in ("oapl", "gmc_grpo"):
         needs += ["rewards", "group_ids"]
+    if any(c.type == "vaco_filter" and c.rule == "tvpo" for c in method.corrections):  # TV per prompt group
+        needs.append("group_ids")
     if any(c.type == "estr" for c in method.corrections):
         needs.append("behav_entropy")
     if method.kl.type != "none":

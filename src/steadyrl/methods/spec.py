@@ -200,11 +200,16 @@ class M2POMask(_Strict):
 
 
 class VacoFilter(_Strict):
-    """VACO TV filter (arXiv 2603.01365) [reconstructed]."""
+    """VACO TV filter (arXiv 2603.01365): the first author's released rule by default [reference-code]."""
 
     type: Literal["vaco_filter"] = "vaco_filter"
-    delta: float = Field(0.2, gt=0, description="TV threshold δ")
-    level: Literal["sequence", "token"] = Field("sequence", description="geometric-mean ratio per sample, or per token")
+    delta: float = Field(0.2, gt=0, description="TV threshold δ on ½·mean|π_θ/μ − 1| (the released LLM scripts: "
+                         "0.0075, i.e. clip_ratio 0.015)")
+    rule: Literal["tvpo", "sequence", "token"] = Field(
+        "tvpo", description="tvpo: TV = ½ mean_t|ρ_t − 1| per sequence, averaged per group and batch; past δ, drop "
+        "tokens with A·sign(log ρ) > 0 in groups past δ (released code). sequence: ½|exp(mean_t log ρ) − 1| per "
+        "sequence with the sign of r − 1 (our earlier reading); token: the same per token"
+    )
 
 
 class CopcMask(_Strict):
@@ -220,6 +225,8 @@ class ESTRMask(_Strict):
 
     type: Literal["estr"] = "estr"
     tau: float | None = Field(None, gt=0, description="threshold on δ²/(H+ε); None = the module default")
+    eps: float = Field(0.01, gt=0, description="entropy offset ε in δ²/(H+ε) (0.01: the paper, per a second-hand "
+                       "note; we used 1e-6 before)")
 
 
 CorrectionSpec = Annotated[
