@@ -60,7 +60,7 @@ TARGETS: dict[str, float] = {"elementwise": 1.2, "m2po": 2.0}
 #: O(B·T) elementwise passes and masked reductions (TIS, MIS, IcePop, veto, rejection, OPSM, prefix ratio, filters).
 _ELEMENTWISE = (
     "token_tis", "seq_tis", "token_mis", "seq_mis", "geo_mis", "icepop", "token_veto", "rejection", "opsm",
-    "decoupled_ppo", "prefix_ratio", "vaco", "estr",
+    "decoupled_ppo", "prefix_ratio", "pnpo", "vaco", "estr",
 )  # fmt: skip
 #: PPO variants that change no correction: another aggregation, a KL term, the policy pair, a step-level controller.
 _VARIANT = ("grpo", "dr_grpo", "bypass", "kl_in_reward", "kl_in_loss", "ess_lr", "gac")

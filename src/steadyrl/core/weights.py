@@ -409,16 +409,38 @@ def token_veto(
     return _masked_correction(log_weight=ell, keep=keep, mask=m, weight=weight)
 
 
+class PrefixLogRatio(NamedTuple):
+    """The prefix mean of a log-ratio and the prefix counts it divides by (both [B, T], detached)."""
+
+    log_w: Float[Tensor, "B T"]
+    """(1/n_t) Σ_{k≤t} m_k ℓ_k (0 before the first masked-in token)."""
+    n: Float[Tensor, "B T"]
+    """n_t = Σ_{k≤t} m_k, at least 1."""
+
+
+def prefix_log_ratio(*, log_ratio: Float[Tensor, "B T"], mask: Shaped[Tensor, "B T"]) -> PrefixLogRatio:
+    """log of the prefix geometric-mean ratio, log w_t = (1/n_t) Σ_{k≤t, m_k} ℓ_k (PNPO, arXiv 2608.01418), detached.
+
+    n_t counts the masked-in tokens up to and including t: padding and tool tokens add neither to the sum nor to the
+    count. Shared by :func:`prefix_ratio` and ``objectives.pnpo``.
+    """
+    m = as_bool_mask(mask)
+    ell = where_masked(log_ratio.detach(), m)
+    n = torch.cumsum(m, dim=-1, dtype=ell.dtype).clamp_(min=1)  # n_t = Σ_{k≤t} m_k (exact: counts < 2^24)
+    return PrefixLogRatio(log_w=ell.cumsum(dim=-1).div_(n), n=n)  # (1/n_t) Σ_{k≤t} m_k ℓ_k
+
+
 def prefix_ratio(
     *,
     log_ratio: Float[Tensor, "B T"],
     mask: Shaped[Tensor, "B T"],
     cap: float | None = None,
 ) -> Corrected:
-    """Prefix-normalized ratio (arXiv 2608.01418) [reconstructed]: w_t = exp((1/n_t) Σ_{k≤t, m_k} ℓ_k).
+    """Prefix-normalized ratio as a detached weight on the proximal ratio, w_t = exp((1/n_t) Σ_{k≤t, m_k} ℓ_k).
 
-    n_t counts the masked-in tokens up to and including t (padding and tool tokens neither add to the sum nor to the
-    count) — our reading of "t" in the summary formula; the paper text was not available. Optional ``cap`` C:
+    PNPO's weight (arXiv 2608.01418) on ℓ = log π_prox − log μ, as a correction on top of any objective: our earlier
+    reading of the paper, kept as the ``prefix_ratio`` correction. The paper's own objective (the weight of π_θ
+    against μ, its hard-rejection gate, a REINFORCE-style surrogate) is ``objectives.pnpo``. Optional ``cap`` C:
     w_t = exp(min(mean, log C)). Nothing is masked.
 
     ==============  =========  ====================================================
@@ -431,9 +453,7 @@ def prefix_ratio(
     """
     check_bounds(None, cap)
     m = as_bool_mask(mask)
-    ell = where_masked(log_ratio.detach(), m)
-    n = torch.cumsum(m, dim=-1, dtype=ell.dtype).clamp_(min=1)  # n_t = Σ_{k≤t} m_k (exact: counts < 2^24)
-    log_w = ell.cumsum(dim=-1).div_(n)  # (1/n_t) Σ_{k≤t} m_k ℓ_k
+    log_w = prefix_log_ratio(log_ratio=log_ratio, mask=m).log_w
     truncated = torch.zeros_like(m)
     if cap is not None:
         log_cap = log_bound(cap, like=log_w)

@@ -44,7 +44,7 @@ from steadyrl.core.masking import (
     seq_log_ratio,
     where_masked,
 )
-from steadyrl.core.objectives import filters, gmc_grpo, m2po, oapl, ppo, tic_grpo
+from steadyrl.core.objectives import filters, gmc_grpo, m2po, oapl, pnpo, ppo, tic_grpo
 from steadyrl.core.types import Corrected, LossOutput, Metrics
 from steadyrl.methods import spec as S
 from steadyrl.methods.batch import LossBatch
@@ -231,6 +231,11 @@ def _objective(
         )  # fmt: skip
         out = ppo.ppo_clip_loss(**common, advantages=adv_tok, weights=w, clip_low=rng.clip_low, clip_high=rng.clip_high)
         return LossOutput(out.loss, {**out.metrics, **rng.metrics})
+    if isinstance(obj, S.PNPO):
+        return pnpo.pnpo_loss(
+            logp=logp, behav_logp=behav, advantages=adv_tok, mask=mask, weights=w, delta=obj.delta, agg=method.agg,
+            norm_len=norm_len,
+        )  # fmt: skip
     a_seq = adv_seq if adv_seq is not None else masked_mean(adv_tok, mask, dim=-1)
     if isinstance(obj, S.TICGRPO):
         # Sequence weight of the corrections: their masked mean (exact for sequence-level corrections).

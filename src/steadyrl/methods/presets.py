@@ -258,10 +258,19 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "prefix_ratio",
-        "Prefix-normalized ratio: token weight exp(mean of the log-ratios up to t)",
+        "PNPO's prefix-normalized ratio of π_prox/μ as a detached weight on PPO-clip (our earlier reading of the "
+        "paper, kept as a correction to compose; the paper's method is pnpo)",
         "2608.01418",
         "reconstructed",
         {"corrections": [{"type": "prefix_ratio"}]},
+    ),
+    Preset(
+        "pnpo",
+        "PNPO: prefix geometric-mean ratio π_θ/μ as a detached weight and a hard-rejection statistic (band widened "
+        "by sqrt(L/t) at early tokens), REINFORCE-style, no PPO clip",
+        "2608.01418",
+        "reconstructed",
+        {"objective": {"type": "pnpo"}, "agg": "seq-mean-token-mean"},
     ),
     Preset(
         "kl_in_reward",

@@ -185,7 +185,8 @@ class OPSM(_Strict):
 
 
 class PrefixRatio(_Strict):
-    """Prefix-normalized ratio w_t = exp((1/t) Σ_{k≤t} ℓ_k) (arXiv 2608.01418) [reconstructed]."""
+    """PNPO's prefix ratio w_t = exp((1/t) Σ_{k≤t} ℓ_k) of π_prox/μ as a weight (our earlier reading; the paper's
+    objective is ``objective.type=pnpo``)."""
 
     type: Literal["prefix_ratio"] = "prefix_ratio"
     cap: float | None = Field(None, gt=0, description="optional truncation of w_t")
@@ -305,6 +306,17 @@ class GMCGRPO(_Strict):
     cap: Literal["mass", "rms"] = Field("mass", description="mean-ratio cap, or root-mean-square cap")
 
 
+class PNPO(_Strict):
+    """PNPO (arXiv 2608.01418): detached prefix geometric-mean ratio to μ as weight and hard-rejection statistic."""
+
+    type: Literal["pnpo"] = "pnpo"
+    reads_behavior: ClassVar[bool] = True
+    delta: float | None = Field(
+        0.2, gt=0, description="half-width δ of the acceptance band |log w_t| ≤ δ·sqrt(L/t) (ours: the paper's band "
+        "is not known here); None: no rejection"
+    )
+
+
 class OAPL(_Strict):
     """OAPL (arXiv 2602.19362): squared regression onto the optimal advantage; no importance ratio."""
 
@@ -315,7 +327,7 @@ class OAPL(_Strict):
 
 
 ObjectiveSpec = Annotated[
-    PPOClip | Reinforce | GSPO | M2POClip | TICGRPO | GMCGRPO | OAPL, Field(discriminator="type")
+    PPOClip | Reinforce | GSPO | M2POClip | TICGRPO | GMCGRPO | PNPO | OAPL, Field(discriminator="type")
 ]
 
 
