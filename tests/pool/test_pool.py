@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from steadyrl.pool import GroupRecord, PoolConfig, RolloutPool, pace_scores, select
+from steadyrl.pool.policies import pace_rate, prefix_forgetting
 from steadyrl.pool.pool import DuplicateRolloutError
 from steadyrl.rollout.rollouts import PAD_VERSION, Rollouts
 
@@ -54,6 +55,73 @@ def test_pace_score_is_waiting_plus_lambda_generation_staleness() -> None:
     assert got == pytest.approx([ref0, ref1])
 
 
+def test_prefix_forgetting_is_the_mean_drift_over_older_version_tokens() -> None:
+    versions = torch.tensor([[3, 3, 5, -1], [5, -2, 5, 5], [4, 5, 5, -1]])  # −1 pad, −2 tool output
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    behav = torch.full((3, 4), -1.0)
+    now = torch.tensor([[-1.5, -0.2, -9.0, -9.0], [-3.0, -3.0, -3.0, -3.0], [-1.25, -4.0, -4.0, 0.0]])
+    d = prefix_forgetting(logp_now=now, behav_logp=behav, versions=versions, response_mask=mask, v_complete=5)
+    # row 0: tokens of versions 3, 3 → (0.5 + 0.8)/2; row 1: no token older than 5 (the tool token does not count)
+    assert d.tolist() == pytest.approx([(0.5 + 0.8) / 2, 0.0, 0.25])
+
+
+def _drift_of(table: dict[int, list[float]]):
+    """A drift function returning fixed per-row scores by group id, recording which groups it was asked about."""
+    asked: list[int] = []
+
+    def drift(records):
+        asked.extend(r.group_id for r in records)
+        return [torch.tensor(table[r.group_id], dtype=torch.float64) for r in records]
+
+    return drift, asked
+
+
+def test_pace_drift_score_weights_generation_staleness_by_the_sharpened_percentile() -> None:
+    # GS: group 0 rows (2/2, 0), group 1 rows (1, 1/2), group 2 none (not re-scored); WS = 8 − v_complete
+    rs = [record(0, [[3, 5], [5, 5]]), record(1, [[4, 5], [4, 5]]), record(2, [[6], [6]])]
+    drift, asked = _drift_of({0: [0.9, 0.0], 1: [0.1, 0.5]})
+    got = pace_scores(rs, v_now=8, lam=1.0, gamma=4.0, drift=drift).tolist()
+    assert asked == [0, 1]
+    # candidates (rows with GS > 0): d = 0.9, 0.1, 0.5 → percentile ranks 1, 1/3, 2/3
+    gs = {(0, 0): 1.0, (1, 0): 0.5, (1, 1): 0.5}
+    p = {(0, 0): 1.0, (1, 0): 1 / 3, (1, 1): 2 / 3}
+    ref0 = ((3 + gs[0, 0] * p[0, 0] ** 4) + 3) / 2
+    ref1 = ((3 + gs[1, 0] * p[1, 0] ** 4) + (3 + gs[1, 1] * p[1, 1] ** 4)) / 2
+    assert got == pytest.approx([ref0, ref1, 2.0])
+
+
+def test_pace_drift_spares_the_group_whose_prefix_the_learner_still_scores_alike() -> None:
+    # two groups of equal waiting and generation staleness; the learner forgot group 0's prefix, not group 1's
+    rs = [record(0, [[2, 6]]), record(1, [[2, 6]]), record(2, [[7]])]
+    cfg = PoolConfig(policy="pace", target_occupancy=2, pace_ema=0.0)
+    drift, _ = _drift_of({0: [2.0], 1: [0.01]})
+    sel = select(rs, cfg=cfg, v_now=8, batch_groups=1, drift=drift)
+    assert [r.group_id for r in sel.rejected] == [0]
+    # by version gaps alone the two tie and the earlier arrival goes
+    old = select(rs, cfg=cfg.model_copy(update={"pace_score": "version_gap"}), v_now=8, batch_groups=1)
+    assert [r.group_id for r in old.rejected] == [0]
+    drift2, _ = _drift_of({0: [0.01], 1: [2.0]})
+    assert [r.group_id for r in select(rs, cfg=cfg, v_now=8, batch_groups=1, drift=drift2).rejected] == [1]
+
+
+def test_pace_rate_is_an_ema_of_the_excess_share() -> None:
+    cfg = PoolConfig(policy="pace", target_occupancy=4, pace_score="version_gap", pace_ema=0.5)
+    rate, budgets = 0.0, []
+    for n in (8, 8, 8, 3):
+        rs = [record(i, [[1]]) for i in range(n)]
+        sel = select(rs, cfg=cfg, v_now=5, batch_groups=1, rate=rate)
+        ref = 0.5 * rate + 0.5 * max(0.0, 1 - 4 / n)
+        assert sel.pace_rate == pytest.approx(ref) == pytest.approx(pace_rate(rate, occupancy=n, target=4, beta=0.5))
+        rate = sel.pace_rate
+        budgets.append(len(sel.rejected))
+    assert budgets == [round(0.25 * 8), round(0.375 * 8), round(0.4375 * 8), round((0.21875 + 0) * 3)]
+
+
+def test_pace_drift_needs_the_rescoring_function() -> None:
+    with pytest.raises(ValueError, match="pace_score=drift"):
+        select([record(0, [[1]])], cfg=PoolConfig(policy="pace"), v_now=3, batch_groups=1)
+
+
 def test_fifo_takes_the_earliest_and_waits_for_a_full_batch() -> None:
     rs = [record(i, [[0]]) for i in range(5)]
     sel = select(rs, cfg=PoolConfig(), v_now=9, batch_groups=3)
@@ -72,7 +140,7 @@ def test_drop_discards_groups_whose_oldest_token_is_too_stale(policy: str) -> No
 
 def test_pace_rejects_the_excess_with_the_highest_scores() -> None:
     rs = [record(0, [[5]]), record(1, [[1]]), record(2, [[7]]), record(3, [[2]]), record(4, [[1]])]
-    cfg = PoolConfig(policy="pace", target_occupancy=3)
+    cfg = PoolConfig(policy="pace", target_occupancy=3, pace_score="version_gap", pace_ema=0.0)  # the hard budget
     sel = select(rs, cfg=cfg, v_now=8, batch_groups=2)
     # scores (WS only, single tokens) 3, 7, 1, 6, 7: budget 2 rejects the two 7s (ties: earlier arrival first)
     assert [r.group_id for r in sel.rejected] == [1, 4]
@@ -91,7 +159,8 @@ def test_policy_invariants(v_starts: list[int], s: int, P: int, target_extra: in
     rs = [record(i, [[v, v + 1]]) for i, v in enumerate(v_starts)]
     v_now = 22
     for policy in ("fifo", "drop", "max_staleness", "pace"):
-        cfg = PoolConfig(policy=policy, max_staleness=s, target_occupancy=P + target_extra)
+        cfg = PoolConfig(policy=policy, max_staleness=s, target_occupancy=P + target_extra, pace_score="version_gap",
+                         pace_ema=0.0)  # fmt: skip
         sel = select(rs, cfg=cfg, v_now=v_now, batch_groups=P)
         out = (sel.batch or []) + sel.remaining + sel.dropped + sel.rejected
         assert sorted(r.group_id for r in out) == list(range(len(rs)))  # nothing lost, nothing duplicated

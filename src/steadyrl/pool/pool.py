@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from steadyrl.pool.config import PoolConfig
-from steadyrl.pool.policies import select
+from steadyrl.pool.policies import DriftFn, select
 from steadyrl.pool.records import GroupRecord
 from steadyrl.rollout.rollouts import Rollouts, concat
 from steadyrl.rollout.tool_metrics import RowMetrics, tool_summary
@@ -32,9 +32,13 @@ class PoolBatch(NamedTuple):
 class RolloutPool:
     """Completed groups waiting for the learner (see :mod:`steadyrl.pool.policies` for what a batch takes)."""
 
-    def __init__(self, cfg: PoolConfig, *, batch_groups: int) -> None:
+    def __init__(self, cfg: PoolConfig, *, batch_groups: int, drift: DriftFn | None = None) -> None:
         self.cfg = cfg
         self.batch_groups = batch_groups
+        self.drift = drift
+        """PACE's re-scoring of pooled groups with the learner's policy (``pool.pace_score=drift``)."""
+        self.pace_rate = 0.0
+        """PACE's EMA-smoothed rejection rate (``pool.pace_ema``), checkpointed."""
         self.records: list[GroupRecord] = []
         self.seen: set[int] = set()
         """Every group id that ever arrived (pooled, trained on or discarded)."""
@@ -58,8 +62,12 @@ class RolloutPool:
         """Apply the policy at learner version ``v_now``: the batch (None if the pool cannot fill one yet) and the
         groups discarded now (dropped or rejected; they are gone from the pool either way)."""
         occupancy = len(self.records)
-        sel = select(self.records, cfg=self.cfg, v_now=v_now, batch_groups=self.batch_groups)
+        sel = select(
+            self.records, cfg=self.cfg, v_now=v_now, batch_groups=self.batch_groups, drift=self.drift,
+            rate=self.pace_rate,
+        )  # fmt: skip
         self.records = sel.remaining
+        self.pace_rate = sel.pace_rate
         discarded = sel.dropped + sel.rejected
         self.discarded.update(r.group_id for r in discarded)
         self.totals["dropped"] += len(sel.dropped)
@@ -91,6 +99,7 @@ class RolloutPool:
             "pool/occupancy": float(occupancy),
             "pool/dropped": float(counts["dropped"]),
             "pool/rejected": float(counts["rejected"]),
+            "pool/pace_rate": self.pace_rate,
             "pool/wait_s_mean": sum(now - r.completed_at for r in batch) / len(batch),
             "sample/versions_per_group": sum(
                 float(torch.unique(r.rollouts.versions[r.rollouts.response_mask]).numel()) for r in batch
@@ -109,6 +118,7 @@ class RolloutPool:
             "trained": torch.tensor(sorted(self.trained), dtype=torch.long),
             "discarded": torch.tensor(sorted(self.discarded), dtype=torch.long),
             "totals": dict(self.totals),
+            "pace_rate": self.pace_rate,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -118,4 +128,5 @@ class RolloutPool:
         self.trained = set(state["trained"].tolist())
         self.discarded = set(state["discarded"].tolist())
         self.totals = {k: int(v) for k, v in state["totals"].items()}
+        self.pace_rate = float(state.get("pace_rate", 0.0))  # absent in checkpoints written before PACE's EMA
         self._pending_counts = {"dropped": 0, "rejected": 0}

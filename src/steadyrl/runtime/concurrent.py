@@ -47,8 +47,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import nn
 
+from steadyrl.pool.policies import prefix_forgetting
 from steadyrl.pool.pool import RolloutPool
 from steadyrl.pool.records import GroupRecord
+from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.rollouts import concat
 from steadyrl.rollout.scored import ScoredRollouts
 from steadyrl.runtime.weights import FlatLayout
 from steadyrl.runtime.worker import SamplerSpec
@@ -141,7 +144,8 @@ class ConcurrentSource(ABC):
         self.n = cfg.runtime.samplers
         self.layout = FlatLayout(model)
         self.admission = admission_of(cfg)
-        self.pool = RolloutPool(cfg.pool, batch_groups=self.P)
+        pace_drift = cfg.pool.policy == "pace" and cfg.pool.pace_score == "drift"
+        self.pool = RolloutPool(cfg.pool, batch_groups=self.P, drift=self._prefix_drift if pace_drift else None)
         self.started = [False] * self.n
         self.incarnations = [0] * self.n
         self.no_progress = [0] * self.n
@@ -268,6 +272,23 @@ class ConcurrentSource(ABC):
             self._spawn(i, redo)
 
     # -- pool ----------------------------------------------------------------------------------------------------
+    def _prefix_drift(self, records: list[GroupRecord]) -> list[torch.Tensor]:
+        """PACE's prefix-forgetting scores of pooled groups: one no-grad forward of the learner's current policy (at
+        the sampling temperature) over their responses (:func:`steadyrl.pool.policies.prefix_forgetting`)."""
+        rollouts = concat([r.rollouts for r in records])
+        with torch.no_grad():
+            logp = sequence_logprobs(self.model, rollouts, temperature=self.cfg.sampling.temperature).logp
+        out, row = [], 0
+        for r in records:
+            n = len(r.rollouts)
+            out.append(prefix_forgetting(
+                logp_now=logp[row:row + n], behav_logp=rollouts.behav_logp[row:row + n],
+                versions=rollouts.versions[row:row + n], response_mask=rollouts.response_mask[row:row + n],
+                v_complete=r.v_complete,
+            ))  # fmt: skip
+            row += n
+        return out
+
     def _collect(self) -> int:
         """Move delivered groups into the pool (completion order); the number moved."""
         records = sorted(self._fetch(), key=lambda r: (r.completed_at, r.group_id))
