@@ -10,7 +10,9 @@ differ only in the weight w_i:
 
     is    w_i = ρ_i = π(y_i)/μ(y_i)                                   (unbiased)
     gmc   w_i = ρ_i · min(1, G(1+ε)/Σ_j ρ_j)     (steadyrl.core.objectives.gmc_grpo.gmc_weights, cap="mass")
-    clip  w_i = clip(ρ_i, 1−ε, 1+ε)               (trajectory-level clipping, TIC-GRPO's ratio clip without the min)
+    clip  w_i = clip(ρ_i, 1−ε, 1+ε)               (trajectory-level clipping as a truncated weight)
+    tic   w_i = ρ_i · [not (A_i > 0 and ρ_i > 1+ε)]  (the gradient of TIC-GRPO's surrogate min(ρA, min(ρ, 1+ε)A) with
+                                                  its upper-only clip, A_i = R(y_i) − b: ``core.objectives.tic_grpo``)
 
 The target is the exact gradient g = E_μ[ρ (R − b) ∇ log π] = Σ_a π(a) (R(a) − b) (e_a − π). The relative bias
 ‖E[ĝ] − g‖ / ‖g‖ is estimated with M groups (E[ĝ] by Monte Carlo; its own sampling error is printed as the
@@ -50,6 +52,7 @@ def estimators(G: int, n: int, d: float, gen: torch.Generator) -> dict[str, tupl
         "gmc": gmc_weights(prox_logp=log_pi[y][:, None], behav_logp=log_mu[y][:, None],
                            mask=torch.ones(M * G, 1, dtype=torch.bool), group_ids=groups, eps=EPS).weights,
         "clip": rho.clamp(1 - EPS, 1 + EPS),
+        "tic": torch.where((R[y] - b > 0) & (rho > 1 + EPS), torch.zeros_like(rho), rho),  # clipped branch: no grad
     }  # fmt: skip
     out = {}
     for name, wi in w.items():
@@ -71,10 +74,10 @@ def main() -> None:
           "(Monte-Carlo standard error in brackets)")
     for d in (0.5, 1.5):
         print(f"\nstaleness d = {d}")
-        print("| G | is (unbiased) | gmc | clip |\n|---|---|---|---|")
+        print("| G | is (unbiased) | gmc | clip | tic |\n|---|---|---|---|---|")
         for G in (2, 4, 8, 16, 32, 64, 128):
             r = estimators(G, args.samples, d, gen)
-            cells = " | ".join(f"{r[k][0]:.4f} ({r[k][1]:.4f})" for k in ("is", "gmc", "clip"))
+            cells = " | ".join(f"{r[k][0]:.4f} ({r[k][1]:.4f})" for k in ("is", "gmc", "clip", "tic"))
             print(f"| {G} | {cells} |")
 
 

@@ -149,10 +149,12 @@ def test_shipped_lag64_sweep_reproduces_the_leads_comparison() -> None:
     assert "lag64_methods" in shipped_sweeps()
     path = resolve_sweep_path("lag64_methods")
     specs = expand(load_sweep(path, []), sweep_file=path)
-    assert len(specs) == 18
+    assert len(specs) == 24
     by = {(s.entry.method, s.entry.seed): s.config for s in specs}
-    assert sorted({m for m, _ in by}) == sorted(["vcpo", "gac", "gmc_grpo", "oapl", "seq_tis", "seq_tis_guard",
-                                                 "oapl_beta2_0.1", "seq_tis_lr1.5e-4", "grpo"])
+    assert sorted({m for m, _ in by}) == sorted([
+        "vcpo", "gac", "gmc_grpo", "oapl", "seq_tis", "tic_grpo", "vaco", "pnpo", "seq_tis_guard", "oapl_beta2_0.1",
+        "seq_tis_lr1.5e-4", "grpo",
+    ])  # fmt: skip
     for (method, seed), cfg in by.items():
         lr = 1.5e-4 if method == "seq_tis_lr1.5e-4" else 3e-4
         assert (cfg.steps, cfg.prompts_per_step, cfg.lr, cfg.seed) == (300, 16, lr, seed)
