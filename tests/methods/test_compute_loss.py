@@ -113,6 +113,17 @@ def test_each_method_reacts_to_the_behavior_policy_as_it_claims(name: str) -> No
         assert not reads_behavior(spec)
 
 
+def test_tic_grpo_ratio_to_the_proximal_policy_ignores_mu() -> None:
+    """The form before issue 19 (``objective.ratio_to=proximal``): μ does not enter its loss or gradient at all, which
+    is why the preset now takes its ratio against μ (the catalog test above would fail on it)."""
+    spec = resolve_method("tic_grpo", {"objective.ratio_to": "proximal"})
+    b1, b2 = _mu_shifted(0)
+    (l1, _), (l2, _) = compute_loss(spec, b1), compute_loss(spec, b2)
+    l1.backward()
+    l2.backward()
+    assert torch.equal(l1, l2) and torch.equal(b1["logp"].grad, b2["logp"].grad)
+
+
 # Correction presets: on-policy (μ = π_prox = π_θ) they must reduce to the objective they correct.
 CORRECTIONS = [p.name for p in PRESETS if p.fields.get("corrections") and "advantage" not in p.fields]
 

@@ -104,6 +104,20 @@ def test_pace_drift_spares_the_group_whose_prefix_the_learner_still_scores_alike
     assert [r.group_id for r in select(rs, cfg=cfg, v_now=8, batch_groups=1, drift=drift2).rejected] == [1]
 
 
+def test_pool_rescores_each_group_once_per_learner_version() -> None:
+    drift, asked = _drift_of({g: [1.0] for g in range(6)})
+    pool = RolloutPool(PoolConfig(policy="pace", target_occupancy=1, pace_ema=0.0), batch_groups=5, drift=drift)
+    for g in range(3):
+        pool.add(record(g, [[1, 3]]))
+    assert pool.take(v_now=4)[0] is None  # 3 pooled < 5: no batch; 2 rejected, all 3 scored
+    pool.add(record(3, [[2, 3]]))
+    pool.take(v_now=4)  # same version: only the new group is scored
+    pool.add(record(4, [[2, 3]]))
+    pool.take(v_now=5)  # a new version: the pooled groups are scored again
+    # v 4: groups 0, 1, 2 (0 and 1 rejected); v 4 again: only 3 (2 cached; 2 rejected); v 5: 3 again and 4
+    assert asked == [0, 1, 2, 3, 3, 4]
+
+
 def test_pace_rate_is_an_ema_of_the_excess_share() -> None:
     cfg = PoolConfig(policy="pace", target_occupancy=4, pace_score="version_gap", pace_ema=0.5)
     rate, budgets = 0.0, []

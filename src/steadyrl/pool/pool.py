@@ -39,6 +39,10 @@ class RolloutPool:
         """PACE's re-scoring of pooled groups with the learner's policy (``pool.pace_score=drift``)."""
         self.pace_rate = 0.0
         """PACE's EMA-smoothed rejection rate (``pool.pace_ema``), checkpointed."""
+        self._drift_cache: dict[int, Tensor] = {}
+        """Drift scores by group id at learner version ``_drift_version``: :meth:`take` runs every time groups arrive
+        while the learner waits, at one version, so each pooled group is re-scored once per version, not per call."""
+        self._drift_version = -1
         self.records: list[GroupRecord] = []
         self.seen: set[int] = set()
         """Every group id that ever arrived (pooled, trained on or discarded)."""
@@ -62,9 +66,11 @@ class RolloutPool:
         """Apply the policy at learner version ``v_now``: the batch (None if the pool cannot fill one yet) and the
         groups discarded now (dropped or rejected; they are gone from the pool either way)."""
         occupancy = len(self.records)
+        if v_now != self._drift_version:
+            self._drift_cache, self._drift_version = {}, v_now
         sel = select(
-            self.records, cfg=self.cfg, v_now=v_now, batch_groups=self.batch_groups, drift=self.drift,
-            rate=self.pace_rate,
+            self.records, cfg=self.cfg, v_now=v_now, batch_groups=self.batch_groups,
+            drift=None if self.drift is None else self._cached_drift, rate=self.pace_rate,
         )  # fmt: skip
         self.records = sel.remaining
         self.pace_rate = sel.pace_rate
@@ -82,6 +88,14 @@ class RolloutPool:
             self.trained.add(r.group_id)
         counts, self._pending_counts = self._pending_counts, {"dropped": 0, "rejected": 0}
         return self._assemble(sel.batch, v_now=v_now, occupancy=occupancy, counts=counts), discarded
+
+    def _cached_drift(self, records: list[GroupRecord]) -> list[Tensor]:
+        """``self.drift`` on the groups not yet scored at this version; the others from the cache."""
+        assert self.drift is not None
+        missing = [r for r in records if r.group_id not in self._drift_cache]
+        if missing:
+            self._drift_cache.update(zip((r.group_id for r in missing), self.drift(missing), strict=True))
+        return [self._drift_cache[r.group_id] for r in records]
 
     def _assemble(
         self, batch: list[GroupRecord], *, v_now: int, occupancy: int, counts: Mapping[str, int]
