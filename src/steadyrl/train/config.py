@@ -31,6 +31,7 @@ from steadyrl.rollout.multiturn import SharedCalls, ToolCallFormat, ToolRunner, 
 from steadyrl.tasks.config import ChainSumConfig, TaskConfig
 from steadyrl.tools.config import SandboxConfig
 from steadyrl.train.critic import CriticConfig
+from steadyrl.train.device import DEVICE_PATTERN, Precision
 from steadyrl.train.guard import GuardConfig
 
 #: Batch tensors the learner of ``steadyrl train`` can hand to ``compute_loss`` (see ``steadyrl.train.learner``).
@@ -160,6 +161,13 @@ class OptimConfig(_Section):
                                    "the learner recompute prox_logp before the first pass.")
     minibatches: int = Field(1, ge=1, le=MAX_BATCH, description="Optimizer steps per pass; the batch is split by "
                              "groups, so it must divide prompts_per_step.")
+    microbatch_tokens: int | None = Field(None, ge=1, le=1 << 40, description="Token budget of one forward/backward "
+                                          "(rows × padded prompt+response length); the optimizer step's batch is "
+                                          "split into micro-batches that fit and the gradient is accumulated exactly "
+                                          "(steadyrl.train.microbatch; docs/scale.md). None: one pass.")
+    activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in the "
+                                           "backward instead of storing them (transformers gradient checkpointing, "
+                                           "non-reentrant): less memory, about one more forward of time.")
 
     @field_validator("betas")
     @classmethod
@@ -310,6 +318,12 @@ class TrainConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy: the embedded default (warm-"
                                "started and cached) or a local Hugging Face directory.")
     method: MethodConfig = Field(default_factory=MethodConfig, description="The RL method and its options.")
+    device: str = Field("auto", description="Where the learner, its optimizer "
+                        "state, the critic and the transformers sampler run: auto (the GPU where there is one) | cpu "
+                        "| cuda | cuda:N.")
+    precision: Precision = Field("fp32", description="fp32 | bf16-mixed (bf16 autocast forward, fp32 weights and "
+                                 "AdamW) | bf16 (bf16 weights); the output layer and every log-prob are fp32 in all "
+                                 "three (steadyrl.train.device).")
     lag: int = Field(16, ge=0, le=MAX_LAG, description="Policy lag k: step t's batch is sampled by the weights of "
                      "step max(0, t − k) (pipeline schedule; 0 = synchronous on-policy).")
     steps: int = Field(200, ge=1, le=MAX_STEPS, description="Learner steps (each: sample a batch, optimize on it).")
@@ -340,6 +354,13 @@ class TrainConfig(_Section):
                              "and learner, and its staleness policy.")
     tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Tool-integrated (multi-turn) rollouts with "
                                "a sandboxed Python interpreter; off by default.")
+
+    @field_validator("device")
+    @classmethod
+    def _device_is_known(cls, value: str) -> str:
+        if not DEVICE_PATTERN.match(value):
+            raise ValueError(f"device {value!r} is not one of auto, cpu, cuda, cuda:N (e.g. cuda:1)")
+        return value
 
     @model_validator(mode="after")
     def _minibatches_divide_prompts(self) -> TrainConfig:

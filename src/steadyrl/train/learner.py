@@ -31,8 +31,9 @@ the critic's AdamW steps exactly when the policy's does.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -48,12 +49,30 @@ from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.train.config import OptimConfig
 from steadyrl.train.critic import Critic, CriticConfig
+from steadyrl.train.device import Placement
 from steadyrl.train.grad_norms import GhostPass, GradNormMethod, per_trajectory_grad_sq_norms
+from steadyrl.train.microbatch import plan_microbatches, scatter_rows, take_rows
 
 #: How the learner gets OPOB's per-trajectory squared gradient norms: ``fused`` (default) from the step's own forward
 #: and one backward (:class:`~steadyrl.train.grad_norms.GhostPass`), or a separate pass of
 #: :func:`~steadyrl.train.grad_norms.per_trajectory_grad_sq_norms` with that method before the usual forward/backward.
 GradNormsMode = Literal["fused"] | GradNormMethod
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward (``optim.activation_checkpointing``).
+
+    transformers' gradient checkpointing, non-reentrant (``use_reentrant=False``): it works with
+    ``torch.autograd.grad``, so with the fused OPOB/VCPO gradient-norm pass too (:mod:`steadyrl.train.grad_norms`).
+    Active only in training mode (the sampler's eval-mode copy decodes with its KV cache as before).
+    """
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if not callable(enable) or not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(
+            f"optim.activation_checkpointing: {type(model).__name__} does not support gradient checkpointing "
+            "(a transformers model with supports_gradient_checkpointing is needed); set it to false"
+        )
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 class LearnerOutput(NamedTuple):
@@ -106,6 +125,7 @@ class Learner:
         log: Callable[[str], None] = print,
         grad_norms: GradNormsMode = "fused",
         critic: CriticConfig | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.model = model
         self.method = method
@@ -120,6 +140,10 @@ class Learner:
         if "ref_logp" in self.needs and ref_model is None:
             raise ValueError(f"method {method.name!r} has a reference KL term: pass ref_model")
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.placement = placement or Placement(device=self.params[0].device)
+        """Device of every batch tensor and the autocast of every forward (steadyrl.train.device)."""
+        if optim.activation_checkpointing:
+            enable_activation_checkpointing(model)
         self.optimizer = torch.optim.AdamW(
             self.params, lr=lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
         )
@@ -164,21 +188,24 @@ class Learner:
     def step(self, rollouts: Rollouts, rewards: Tensor) -> LearnerOutput:
         """One learner step on ``rollouts`` (N rows) with ``rewards`` ``[N]``; returns its aggregated metrics."""
         self.model.train()
+        device = self.placement.device
+        rollouts, rewards = rollouts.to(device), rewards.to(device)
         n_updates = self.optim_cfg.updates_per_batch * self.optim_cfg.minibatches
         prox = sum_p2 = None
+        self._prox_version: int | None = None
         if "sum_p2" in self.needs:  # OTB: Σ_v π_v² of π_prox, from the pass that also gives π_prox
-            with torch.no_grad():
-                stats = proximal_logprobs(self.model, rollouts, temperature=self.temperature)
-            sum_p2 = stats.sum_p2
+            logp_all, sum_p2 = self._no_grad(
+                rollouts, lambda mb: proximal_logprobs(self.model, mb, temperature=self.temperature)
+            )
             if self.method.recompute_prox or n_updates > 1:
-                prox = stats.logp
+                prox, self._prox_version = logp_all, self.version
         elif self.method.recompute_prox or n_updates > 1:
-            with torch.no_grad():
-                prox = self._logp(self.model, rollouts)
+            (prox,) = self._no_grad(rollouts, lambda mb: (self._logp(self.model, mb),))
+            self._prox_version = self.version
         ref = None
         if "ref_logp" in self.needs and self.ref_model is not None:
-            with torch.no_grad():
-                ref = self._logp(self.ref_model, rollouts)
+            ref_model = self.ref_model
+            (ref,) = self._no_grad(rollouts, lambda mb: (self._logp(ref_model, mb),))
         minibatches = group_minibatches(rollouts.group_ids, self.optim_cfg.minibatches)
         per_step: list[dict[str, float]] = []
         reasons: list[str] = []
@@ -201,6 +228,32 @@ class Learner:
                     reasons.append(reason)
         out = aggregate_metrics(per_step)
         return LearnerOutput(out, applied, len(reasons), reasons)
+
+    # ------------------------------------------------------------------------------------------ micro-batches
+    def _plan(self, batch: Rollouts) -> list[Tensor] | None:
+        """Row sets of the micro-batches of ``batch`` (None: one pass, no ``microbatch_tokens`` or it all fits)."""
+        budget = self.optim_cfg.microbatch_tokens
+        N, width = batch.prompt_ids.shape[0], batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
+        if budget is None or N * width <= budget:
+            return None
+        plan = plan_microbatches(batch, budget)
+        return None if len(plan) == 1 else plan
+
+    @contextlib.contextmanager
+    def _forward_context(self, *, grad: bool) -> Iterator[None]:
+        with torch.set_grad_enabled(grad), self.placement.autocast():
+            yield
+
+    def _no_grad(self, batch: Rollouts, compute: Callable[[Rollouts], tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+        """``compute(batch)`` without gradient, micro-batched when ``optim.microbatch_tokens`` asks for it."""
+        plan = self._plan(batch)
+        with self._forward_context(grad=False):
+            if plan is None:
+                return compute(batch)
+            parts = [(rows, compute(batch.select(rows))) for rows in plan]
+        like = torch.zeros(batch.response_ids.shape, dtype=parts[0][1][0].dtype, device=batch.response_ids.device)
+        n_out = len(parts[0][1])
+        return tuple(scatter_rows([(rows, out[k]) for rows, out in parts], like=like) for k in range(n_out))
 
     def _logp(self, model: nn.Module, batch: Rollouts) -> Tensor:
         return sequence_logprobs(model, batch, temperature=self.temperature).logp
@@ -265,6 +318,124 @@ class Learner:
         self.log(f"[steadyrl train] step skipped at version {self.version}: {reason}")
         return reason
 
+    def _loss(
+        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], logp: Tensor,
+        norms: Tensor | None, hidden: Tensor | None,
+    ) -> tuple[Tensor, Mapping[str, Tensor], dict[str, float]]:  # fmt: skip
+        """The method's loss on the batch (plus COPC's value loss), its raw metrics and the step's float metrics."""
+        batch = self._batch(sub, rewards, extras, logp, norms)
+        critic = None
+        if self.critic is not None and hidden is not None:  # V(s_t) joins the batch (detached), L_V the loss
+            critic = self.critic.terms(method=self.method, batch=batch, hidden=hidden)
+            batch["values"] = critic.values
+        loss, loss_metrics = compute_loss(self.method, batch)
+        metrics = {k: float(v) for k, v in loss_metrics.items()}
+        if critic is not None:
+            metrics |= {k: float(v) for k, v in critic.metrics.items()}
+        if norms is not None:
+            metrics["grad/per_traj_norm_mean"] = float(norms.clamp(min=0).sqrt().mean())  # mean_i ‖∇θ log π(y_i)‖
+            if "adv/baseline_mean" in metrics:
+                metrics["vcpo/baseline_mean"] = metrics["adv/baseline_mean"]
+        metrics["loss"] = float(loss.detach())
+        metrics["train/skipped"] = 0.0
+        if critic is not None:  # one backward for actor and critic; a non-finite value loss skips the step too
+            loss = loss + critic.loss
+        return loss, loss_metrics, metrics
+
+    def _full_backward(
+        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None]
+    ) -> tuple[Mapping[str, Tensor], dict[str, float], float]:
+        """One forward with grad over the whole (mini)batch and its backward; returns metrics and the loss value."""
+        hidden = None
+        with self._forward_context(grad=True):
+            if self.critic is None:
+                logp, norms, ghost = self._forward(sub)
+            else:  # COPC: logp and the final hidden states from one forward (no OPOB norms: one advantage)
+                logp, _, hidden = sequence_logprobs(self.model, sub, temperature=self.temperature, return_hidden=True)
+                norms, ghost = None, None
+        try:
+            loss, loss_metrics, metrics = self._loss(sub, rewards, extras, logp, norms, hidden)
+            loss_value = float(loss.detach())
+            if math.isfinite(loss_value):
+                if ghost is None:
+                    loss.backward()
+                else:
+                    metrics["grad/fused"] = float(self._fused_backward(ghost, loss, logp, sub.response_mask))
+        finally:
+            if ghost is not None:
+                ghost.close()
+        return loss_metrics, metrics, loss_value
+
+    def _micro_values(
+        self, sub: Rollouts, plan: Sequence[Tensor], extras: Mapping[str, Tensor | None]
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Step 1 of :mod:`steadyrl.train.microbatch`: logp (and OPOB norms, COPC hidden states), no graph kept."""
+        wants_norms, wants_hidden = "grad_sq_norms" in self.needs, self.critic is not None
+        prox = extras.get("prox_logp")
+        if prox is not None and self._prox_version == self.version and not (wants_norms or wants_hidden):
+            return prox.clone(), None, None  # π_prox was just recomputed with these weights: the same values
+        logps, norms, hiddens = [], [], []
+        for rows in plan:
+            mb = sub.select(rows)
+            if wants_norms:
+                if self.grad_norms == "fused":
+                    with self._forward_context(grad=True), GhostPass(self.model, mb, temperature=self.temperature) as g:
+                        norms.append((rows, g.sq_norms()))
+                        logps.append((rows, g.logp.detach()))
+                    continue
+                with self._forward_context(grad=True):
+                    n = per_trajectory_grad_sq_norms(
+                        self.model, mb, method=self.grad_norms, temperature=self.temperature
+                    )
+                norms.append((rows, n.detach()))
+            with self._forward_context(grad=False):
+                out = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=wants_hidden)
+            logps.append((rows, out.logp))
+            if wants_hidden:
+                hiddens.append((rows, out.hidden))  # type: ignore[union-attr]
+        N, T = sub.response_ids.shape
+        logp = scatter_rows(logps, like=torch.zeros(N, T, dtype=logps[0][1].dtype, device=sub.response_ids.device))
+        norm = None
+        if norms:
+            norm = scatter_rows(norms, like=torch.zeros(N, dtype=norms[0][1].dtype, device=logp.device))
+        hidden = None
+        if hiddens:
+            H = hiddens[0][1].shape[-1]
+            hidden = scatter_rows(hiddens, like=torch.zeros(N, T, H, dtype=hiddens[0][1].dtype, device=logp.device))
+        return logp, norm, hidden
+
+    def _micro_backward(
+        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], plan: Sequence[Tensor]
+    ) -> tuple[Mapping[str, Tensor], dict[str, float], float]:
+        """Steps 2–3 of :mod:`steadyrl.train.microbatch`: the full-batch loss on leaf log-probs, then per
+        micro-batch ``backward(∂L/∂logp)`` (and ∂L/∂hidden for a critic that trains the trunk)."""
+        logp_values, norms, hidden_values = self._micro_values(sub, plan, extras)
+        logp = logp_values.requires_grad_()
+        hidden = None if hidden_values is None else hidden_values.requires_grad_()
+        loss, loss_metrics, metrics = self._loss(sub, rewards, extras, logp, norms, hidden)
+        metrics["train/microbatches"] = float(len(plan))
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            return loss_metrics, metrics, loss_value
+        loss.backward()  # ∂L/∂logp, ∂L/∂hidden into the leaves; the critic head's own gradient into .grad
+        a, gh = logp.grad, None if hidden is None else hidden.grad
+        if a is None and gh is None:
+            return loss_metrics, metrics, loss_value
+        for rows in plan:
+            mb = sub.select(rows)
+            width = mb.response_ids.shape[1]
+            with self._forward_context(grad=True):
+                out = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=gh is not None)
+            tensors, grads = [], []
+            if a is not None:
+                tensors.append(out.logp)
+                grads.append(take_rows(a, rows, width))
+            if gh is not None:
+                tensors.append(out.hidden)  # type: ignore[union-attr]
+                grads.append(take_rows(gh, rows, width).to(out.hidden.dtype))  # type: ignore[union-attr]
+            torch.autograd.backward(tensors, grads)
+        return loss_metrics, metrics, loss_value
+
     def _optimizer_step(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None]
     ) -> tuple[dict[str, float], str | None]:
@@ -272,44 +443,19 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        hidden = None
-        if self.critic is None:
-            logp, norms, ghost = self._forward(sub)
-        else:  # COPC: logp and the final hidden states from one forward (no OPOB norms: a method has one advantage)
+        if self.critic is not None:
             self.critic.zero_grad()
-            logp, _, hidden = sequence_logprobs(self.model, sub, temperature=self.temperature, return_hidden=True)
-            norms, ghost = None, None
-        try:
-            batch = self._batch(sub, rewards, extras, logp, norms)
-            critic = None
-            if self.critic is not None and hidden is not None:  # V(s_t) joins the batch (detached), L_V the loss
-                critic = self.critic.terms(method=self.method, batch=batch, hidden=hidden)
-                batch["values"] = critic.values
-            loss, loss_metrics = compute_loss(self.method, batch)
-            metrics = {k: float(v) for k, v in loss_metrics.items()}
-            if critic is not None:
-                metrics |= {k: float(v) for k, v in critic.metrics.items()}
-            if norms is not None:
-                metrics["grad/per_traj_norm_mean"] = float(norms.clamp(min=0).sqrt().mean())  # mean_i ‖∇θ log π(y_i)‖
-                if "adv/baseline_mean" in metrics:
-                    metrics["vcpo/baseline_mean"] = metrics["adv/baseline_mean"]
-            loss_value = float(loss.detach())
-            metrics["loss"] = loss_value
-            metrics["train/skipped"] = 0.0
-            if critic is not None:  # one backward for actor and critic; a non-finite value loss skips the step too
-                loss = loss + critic.loss
-                loss_value = float(loss.detach())
-            if not math.isfinite(loss_value):
-                metrics["train/skipped"] = 1.0
-                metrics["lr"] = lr
-                return metrics, self._skip(f"loss is {loss_value}")
-            if ghost is None:
-                loss.backward()
-            else:
-                metrics["grad/fused"] = float(self._fused_backward(ghost, loss, logp, sub.response_mask))
-        finally:
-            if ghost is not None:
-                ghost.close()
+        plan = self._plan(sub)
+        if plan is None:
+            loss_metrics, metrics, loss_value = self._full_backward(sub, rewards, extras)
+        else:
+            loss_metrics, metrics, loss_value = self._micro_backward(sub, rewards, extras, plan)
+        if not math.isfinite(loss_value):
+            metrics["train/skipped"] = 1.0
+            metrics["lr"] = lr
+            if self.critic is not None:
+                self.critic.zero_grad()
+            return metrics, self._skip(f"loss is {loss_value}")
         grad = flat_grad(self.params)
         norm = float(torch.linalg.vector_norm(grad))  # ‖g‖ before controllers and clipping
         metrics["grad/norm"] = norm

@@ -1,0 +1,121 @@
+"""Where the learner runs and in which precision: the one place device and dtype are decided.
+
+``device``: ``auto`` (the first CUDA GPU where there is one, else the CPU) | ``cpu`` | ``cuda`` | ``cuda:N``. The
+policy, its optimizer state (created on the parameters' device), COPC's critic head, the per-trajectory gradient
+norms and the ``transformers`` sampler of the lag runtime all live there.
+
+``precision``:
+
+==============  ====================  ==============================  ==========================================
+precision       parameters / AdamW    forward (trunk)                 output layer and log-softmax
+==============  ====================  ==============================  ==========================================
+``fp32``        float32               float32                         float32
+``bf16-mixed``  float32 (master)      bf16 autocast                   float32 (autocast off, input upcast)
+``bf16``        bfloat16              bfloat16                        float32 (input and weight upcast)
+==============  ====================  ==============================  ==========================================
+
+The output layer runs in float32 in every mode (:func:`fp32_output_layer`), so the logits, and hence every log-prob
+that enters a ratio (the sampler's μ, the learner's π_θ and π_prox), are computed in float32 from the trunk's
+hidden state: never bf16-rounded. The sampler runs under the same autocast as the learner, so μ is the distribution
+it actually sampled from; at lag 0 the remaining learner-vs-sampler difference (KV-cache decode against one full
+forward, both in bf16) is logged as ``mismatch/*`` exactly as for vLLM
+(:func:`steadyrl.rollout.vllm_engine.engine_mismatch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import types
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+Precision = Literal["fp32", "bf16-mixed", "bf16"]
+#: The allowed values of ``precision`` (for error messages and the CLI's help).
+PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16-mixed", "bf16")
+#: ``device`` values: auto, cpu, cuda, cuda:N.
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+_FP32_HEAD = "_steadyrl_fp32_head"
+
+
+class DeviceError(ValueError):
+    """The configured device does not exist on this machine (the message names the fix)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → ``cuda`` where a GPU is visible, else ``cpu``; ``cuda``/``cuda:N`` checked against this machine."""
+    if not DEVICE_PATTERN.match(name):
+        raise DeviceError(f"device={name!r} is not one of auto, cpu, cuda, cuda:N")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device={name!r} but no CUDA GPU is visible to PyTorch here; use device=cpu or auto")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise DeviceError(f"device={name!r} but this machine has {count} GPU(s) (cuda:0 … cuda:{count - 1})")
+    return device
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A resolved device and precision; :meth:`place` moves a model there, :meth:`autocast` wraps its forwards."""
+
+    device: torch.device
+    precision: Precision = "fp32"
+
+    @classmethod
+    def from_names(cls, device: str, precision: str) -> Placement:
+        """The placement of ``TrainConfig.device`` / ``TrainConfig.precision``."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+        return cls(resolve_device(device), precision)  # type: ignore[arg-type]
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """dtype of the parameters (and so of AdamW's moments): bfloat16 for ``bf16``, else float32."""
+        return torch.bfloat16 if self.precision == "bf16" else torch.float32
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """bf16 autocast on :attr:`device` for ``bf16-mixed``; a no-op otherwise."""
+        if self.precision != "bf16-mixed":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def place(self, model: nn.Module) -> nn.Module:
+        """Move ``model`` to :attr:`device` in :attr:`param_dtype` with a float32 output layer (in place)."""
+        model.to(device=self.device, dtype=self.param_dtype)
+        fp32_output_layer(model)
+        return model
+
+    def generator(self, seed: int) -> torch.Generator:
+        """A ``torch.Generator`` on :attr:`device` seeded with ``seed`` (sampling draws on the model's device)."""
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+
+def fp32_output_layer(model: nn.Module) -> None:
+    """Make ``model``'s output embedding compute its logits in float32, whatever autocast or the weights' dtype.
+
+    The layer's ``forward`` is replaced on the instance (its parameters and state-dict keys are untouched, a
+    ``deepcopy`` of the model keeps the replacement): autocast is switched off inside it and the input (and a
+    non-float32 weight) are upcast, so ``logits = h W^T (+ b)`` is a float32 matmul. A no-op when the model has no
+    ``get_output_embeddings`` (then its logits are whatever it computes) or the layer is already replaced.
+    """
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(head, nn.Linear) or getattr(head, _FP32_HEAD, False):
+        return
+    head.forward = types.MethodType(_fp32_linear_forward, head)  # type: ignore[method-assign]
+    setattr(head, _FP32_HEAD, True)
+
+
+def _fp32_linear_forward(self: nn.Linear, x: Tensor) -> Tensor:
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        dtype = torch.promote_types(x.dtype, torch.float32)  # float64 models stay float64
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return F.linear(x.to(dtype), self.weight.to(dtype), bias)

@@ -1,0 +1,140 @@
+"""Token-budget micro-batching: the accumulated gradient equals the full-batch gradient for every catalog method.
+
+float64 tiny model, an off-policy batch (μ = the sampler's log-probs plus noise, so every correction acts), two
+budgets: one row per micro-batch (every group cut into single rows) and a middle budget (micro-batches of mixed
+lengths that cut some groups and keep others). The learner's raw gradient (before controllers and clipping) must
+match the one-pass gradient to 1e-10 relative; activation checkpointing must not change it either.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from steadyrl.control import build_controllers
+from steadyrl.methods import PRESETS, resolve_method
+from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
+from steadyrl.rollout.rollouts import Rollouts
+from steadyrl.rollout.sampler import generate
+from steadyrl.train.config import OptimConfig
+from steadyrl.train.learner import Learner
+from steadyrl.train.microbatch import plan_microbatches, row_widths
+
+ARCH = TinyArchConfig(hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32)
+PROMPTS = ["1+2=", "13+4-5=", "7-3=", "22+9+31="]
+G = 4
+
+
+def _rms_norm_in_input_dtype(self: LlamaRMSNorm, hidden: torch.Tensor) -> torch.Tensor:
+    """LlamaRMSNorm computed in float64 for a float64 input (transformers' own rounds every input to float32, which
+    would cap this file's float64 comparisons at float32 accuracy)."""
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    x = hidden.to(dtype)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    return self.weight * x.to(hidden.dtype)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _float64_norms() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LlamaRMSNorm, "forward", _rms_norm_in_input_dtype)
+        yield
+
+
+@pytest.fixture(scope="module")
+def model64() -> torch.nn.Module:
+    return build_tiny_model(ARCH, tokenizer=build_char_tokenizer(), seed=0).double()
+
+
+@pytest.fixture(scope="module")
+def batch(model64: torch.nn.Module) -> tuple[Rollouts, torch.Tensor]:
+    tok = build_char_tokenizer()
+    rollouts = generate(
+        model64, tok, PROMPTS, group_size=G, max_new_tokens=7, generator=torch.Generator().manual_seed(0),
+        version=0, record_entropy=True,
+    )  # fmt: skip
+    noise = torch.randn(rollouts.behav_logp.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    behav = torch.where(rollouts.response_mask, rollouts.behav_logp.double() + 0.05 * noise, 0.0)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0] * 2, dtype=torch.float64)
+    return dataclasses.replace(rollouts, behav_logp=behav), rewards
+
+
+def _raw_grad(
+    model: torch.nn.Module, method: str, batch: tuple[Rollouts, torch.Tensor], **optim: object
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The learner's raw gradient (before controllers and clipping) of one step from a copy of ``model``."""
+    model = copy.deepcopy(model)
+    spec = resolve_method(method)
+    ref = copy.deepcopy(model).eval().requires_grad_(False) if spec.kl.type != "none" else None
+    learner = Learner(
+        model=model, method=spec, controllers=build_controllers(spec), lr=1e-3, optim=OptimConfig(**optim),
+        ref_model=ref, log=lambda _: None,
+    )  # fmt: skip
+    out = learner.step(*batch)
+    assert out.skipped == 0, out.reasons
+    grad = learner.prev_grad if learner._gac_raw is None else learner._gac_raw.prev
+    assert grad is not None
+    return grad.clone(), out.metrics
+
+
+def _budgets(rollouts: Rollouts) -> dict[str, int]:
+    prompt, response = row_widths(rollouts)
+    longest = max(p + r for p, r in zip(prompt, response, strict=True))
+    return {"one_row": 1, "mixed": 5 * longest}
+
+
+@pytest.mark.parametrize("name", [p.name for p in PRESETS])
+def test_microbatched_gradient_equals_the_full_batch_gradient(name: str, model64, batch) -> None:
+    full, full_metrics = _raw_grad(model64, name, batch)
+    assert float(full.norm()) > 0
+    for label, budget in _budgets(batch[0]).items():
+        micro, metrics = _raw_grad(model64, name, batch, microbatch_tokens=budget)
+        assert metrics["train/microbatches"] > 1, label
+        rel = float((micro - full).norm() / full.norm())
+        assert rel < 1e-10, (label, rel)
+        assert metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-10, abs=1e-12), label
+
+
+@pytest.mark.parametrize("name", ["grpo", "seq_tis", "vcpo", "copc", "gmc_grpo"])
+def test_activation_checkpointing_gives_the_same_gradient(name: str, model64, batch) -> None:
+    full, _ = _raw_grad(model64, name, batch)
+    for extra in ({}, {"microbatch_tokens": _budgets(batch[0])["mixed"]}):
+        ckpt, _ = _raw_grad(model64, name, batch, activation_checkpointing=True, **extra)
+        assert float((ckpt - full).norm() / full.norm()) < 1e-10, extra
+
+
+def test_a_budget_that_fits_the_batch_runs_one_pass(model64, batch) -> None:
+    N = batch[0].response_ids.shape[0]
+    width = batch[0].prompt_ids.shape[1] + batch[0].response_ids.shape[1]
+    _, metrics = _raw_grad(model64, "grpo", batch, microbatch_tokens=N * width)
+    assert "train/microbatches" not in metrics
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 9)), min_size=1, max_size=20),
+    budget=st.integers(1, 120),
+)
+def test_a_plan_covers_every_row_once_within_the_budget(lengths: list[tuple[int, int]], budget: int) -> None:
+    N, P, T = len(lengths), 9, 9
+    prompt_mask = torch.tensor([[False] * (P - p) + [True] * p for p, _ in lengths])
+    response_mask = torch.tensor([[True] * r + [False] * (T - r) for _, r in lengths])
+    rollouts = Rollouts(
+        prompt_ids=torch.ones(N, P, dtype=torch.long), prompt_mask=prompt_mask,
+        response_ids=torch.ones(N, T, dtype=torch.long), response_mask=response_mask,
+        behav_logp=torch.zeros(N, T), versions=torch.zeros(N, T, dtype=torch.long),
+        group_ids=torch.arange(N), truncated=torch.zeros(N, dtype=torch.bool), texts=[""] * N, pad_id=0,
+    )  # fmt: skip
+    plan = plan_microbatches(rollouts, budget)
+    rows = torch.cat(plan).tolist()
+    assert sorted(rows) == list(range(N))
+    for part in plan:
+        width = max(lengths[i][0] for i in part.tolist()) + max(lengths[i][1] for i in part.tolist())
+        assert len(part) == 1 or len(part) * width <= budget
