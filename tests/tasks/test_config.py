@@ -31,7 +31,7 @@ def _error(data: dict[str, Any]) -> str:
 
 def test_every_field_is_documented() -> None:
     assert {cls.model_fields["name"].default for cls in CONFIG_CLASSES} == {
-        "chain_sum", "chain_sum_tool", "basic_arithmetic", "countdown", "gsm8k", "math"
+        "chain_sum", "chain_sum_tool", "basic_arithmetic", "countdown", "gsm8k", "math", "reasoning_gym"
     }
     for cls in CONFIG_CLASSES:
         for field_name, field in cls.model_fields.items():
@@ -48,6 +48,7 @@ def test_every_field_is_documented() -> None:
         {"name": "countdown", "cache_dir": "/tmp/nowhere", "eval_size": 8},
         {"name": "gsm8k", "train_path": "/data/gsm8k/train.jsonl", "eval_path": "/data/gsm8k/test.parquet"},
         {"name": "math", "eval_path": "math.jsonl", "question_field": "q", "prompt_template": "{question}\n"},
+        {"name": "reasoning_gym", "dataset": "gcd", "config": {"max_value": 100}},
     ],
 )
 def test_valid_configs_build_tasks(data: dict[str, Any]) -> None:
@@ -81,6 +82,7 @@ def test_valid_configs_build_tasks(data: dict[str, Any]) -> None:
         ({"name": "math", "eval_path": "e.jsonl", "prompt_template": "{question"}, ["math.prompt_template"]),
         ({"name": "math", "eval_path": "e.jsonl", "verify_timeout_s": 0}, ["math.verify_timeout_s"]),
         ({"name": "math", "eval_path": "e.jsonl", "question_field": ""}, ["math.question_field"]),
+        ({"name": "reasoning_gym", "dataset": "sudok"}, ["reasoning_gym.dataset", "'sudoku'"]),
         ({"name": "sudoku"}, ["name", "sudoku"]),
         ({"max_terms": 3}, ["name"]),
     ],

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationInfo, field_validator, model_validator
 
 from steadyrl.tasks.text import DEFAULT_STOP_TEXTS, TEMPLATE_FIELD, template_fields
 
@@ -23,6 +23,12 @@ MAX_TERMS = 12
 MAX_DIGITS = 9
 MAX_EVAL_SIZE = 1_000_000
 MAX_VERIFY_TIMEOUT_S = 300
+#: Items per reasoning-gym stream of ``task=reasoning_gym`` (its ``size``): every dataset but acre and word_ladder
+#: builds at this size in under a second (measured on reasoning-gym 0.1.25), and it exceeds the warm start's default
+#: pool of 131,072 train problems.
+RG_DEFAULT_SIZE = 2**20
+#: reasoning-gym sizes are ints that some datasets hand to ``random`` APIs; keep them within 31 bits.
+RG_MAX_SIZE = 2**31 - 1
 
 #: File suffixes the file tasks read.
 JSONL_SUFFIXES: tuple[str, ...] = (".jsonl",)
@@ -265,8 +271,103 @@ class MathConfig(_FileTaskConfig):
     )
 
 
+AnswerFormat = Literal["boxed", "answer_tag", "plain"]
+
+
+class ReasoningGymTaskConfig(_GeneratedTaskConfig):
+    """Any reasoning-gym dataset by name, posed with its natural-language question and scored by its own scorer
+    (``dataset.score_answer(answer, entry)``); for instruct models (``chat=true``) as well as the default model.
+
+    List the datasets and their options with ``python -m steadyrl.tasks.rg_catalog``. The prompt is the question,
+    then (after a blank line) the answer format's instruction; with ``chat`` that text is the user message of the
+    model's chat template, else it is followed by a newline (docs/tasks.md).
+    """
+
+    name: Literal["reasoning_gym"] = Field("reasoning_gym", description="Task: any reasoning-gym dataset by name.")
+    dataset: str = Field(
+        ..., min_length=1, description="reasoning-gym dataset name (gsm_symbolic, basic_arithmetic, countdown, gcd, "
+        "...; list them with `python -m steadyrl.tasks.rg_catalog`)."
+    )
+    size: int = Field(
+        RG_DEFAULT_SIZE,
+        ge=1,
+        le=RG_MAX_SIZE,
+        description="reasoning-gym dataset size: items per stream (the train and the eval stream each index "
+        "0..size-1; asking for more train problems than the stream holds is an error). acre builds all its items "
+        "up front (size=1000 takes about 0.5 s) and word_ladder refuses large sizes: lower it for those.",
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The dataset's options, passed as create_dataset(dataset, seed=..., size=task.size, **config) "
+        "(e.g. task.config.min_digits=3); reasoning-gym's own validation checks them. seed and size are set by "
+        "the task.",
+    )
+    answer_format: AnswerFormat = Field(
+        "boxed",
+        description="Where the answer is read: boxed = the argument of the completion's last \\boxed{...} "
+        "(nested braces matched; none: score 0); answer_tag = the last <answer>...</answer> (reasoning-gym's own "
+        "convention; none: score 0); plain = the whole completion, as the compact arithmetic tasks read it.",
+    )
+    instruction: str | None = Field(
+        None,
+        description="Text after the question (a blank line between). None: the answer format's default (boxed: "
+        "'Please reason step by step, and put your final answer within \\boxed{}.'; answer_tag: 'Provide your "
+        "final answer between <answer> and </answer> tags.'; plain: none). An empty string: no instruction.",
+    )
+    chat: bool = Field(
+        False,
+        description="Render each prompt with the model tokenizer's chat template (instruct models), generation "
+        "prompt appended; system_prompt (if set) as a system message. Needs a model whose tokenizer has a chat "
+        "template: with model.name=default (no template) the config is refused.",
+    )
+    system_prompt: str | None = Field(
+        None,
+        min_length=1,
+        description="System message of the chat prompt (only with chat=true; e.g. reasoning-gym's "
+        "SYSTEM_PROMPTS['default'] with answer_format=answer_tag). Taken literally.",
+    )
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        from steadyrl.tasks.rg_catalog import check_dataset_name
+
+        return check_dataset_name(value)
+
+    @field_validator("config")
+    @classmethod
+    def _options_accepted(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        from steadyrl.tasks.rg_catalog import check_dataset_options
+
+        if "dataset" in info.data and "size" in info.data:  # else their own errors are reported
+            check_dataset_options(info.data["dataset"], value, size=info.data["size"])
+        return value
+
+    @model_validator(mode="after")
+    def _eval_set_fits_the_stream(self) -> ReasoningGymTaskConfig:
+        if self.eval_size > self.size:
+            raise ValueError(f"eval_size ({self.eval_size}) must be <= size ({self.size}), the items of a stream")
+        return self
+
+    @model_validator(mode="after")
+    def _system_prompt_needs_chat(self) -> ReasoningGymTaskConfig:
+        # As for the file tasks: a plain-text prompt has no system slot; instructions go into task.instruction.
+        if self.system_prompt is not None and not self.chat:
+            raise ValueError(
+                "system_prompt is the system message of a chat prompt: set chat=true (the model's chat template "
+                "renders it), or put the instructions into instruction for a model without a chat template"
+            )
+        return self
+
+
 TaskConfig = Annotated[
-    ChainSumConfig | BasicArithmeticConfig | CountdownConfig | Gsm8kConfig | MathConfig | ChainSumToolConfig,
+    ChainSumConfig
+    | BasicArithmeticConfig
+    | CountdownConfig
+    | Gsm8kConfig
+    | MathConfig
+    | ChainSumToolConfig
+    | ReasoningGymTaskConfig,
     Field(discriminator="name"),
 ]
 """Any task's configuration; ``name`` selects the task."""

@@ -113,10 +113,13 @@ class GeneratedTask(ABC):
 
     # --- splits -----------------------------------------------------------------------------------------------
 
+    def _stream_seed(self, split: Split, seed: int) -> int:
+        """The reasoning-gym seed of ``split``'s stream for run seed ``seed`` (:func:`stream_seed` of the task)."""
+        return stream_seed(task=self.name, split=split, seed=seed)
+
     def _eval_set(self, seed: int) -> list[Problem]:
         if seed not in self._eval_sets:
-            entries = self._entries(seed=stream_seed(task=self.name, split="eval", seed=seed), start=0,
-                                    stop=self.eval_size)
+            entries = self._entries(seed=self._stream_seed("eval", seed), start=0, stop=self.eval_size)
             self._eval_sets[seed] = [
                 self._problem(entry, split="eval", seed=seed, index=i) for i, entry in enumerate(entries)
             ]
@@ -124,7 +127,7 @@ class GeneratedTask(ABC):
 
     def _train(self, n: int, *, seed: int) -> list[Problem]:
         held_out = {problem.prompt for problem in self._eval_set(seed)}
-        rg_seed = stream_seed(task=self.name, split="train", seed=seed)
+        rg_seed = self._stream_seed("train", seed)
         out: list[Problem] = []
         index = 0
         rejects_in_a_row = 0

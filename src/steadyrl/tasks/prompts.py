@@ -1,9 +1,10 @@
 """Prompts for real (instruct) models: chat-template rendering of a task's prompt, and the tool instructions.
 
-**Chat rendering** (``task.chat=true`` on ``gsm8k`` / ``math``): the filled ``prompt_template`` becomes the user
-message, ``system_prompt`` (if set) a system message before it, and the model tokenizer's chat template renders them
-with the generation prompt appended (``apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``),
-the way verl and TRL build the prompt of a conversational dataset. Many templates (Llama 3, Gemma) write the BOS token
+**Chat rendering** (``task.chat=true`` on ``gsm8k`` / ``math`` / ``reasoning_gym``): the filled ``prompt_template``
+(``reasoning_gym``: the question and its answer instruction) becomes the user message, ``system_prompt`` (if set) a
+system message before it, and the model tokenizer's chat template renders them with the generation prompt appended
+(``apply_chat_template(messages, tokenize=False, add_generation_prompt=True)``), the way verl and TRL build the
+prompt of a conversational dataset. Many templates (Llama 3, Gemma) write the BOS token
 as text, and their tokenizers also add BOS when encoding: the rendered text then loses its leading BOS, so the encoded
 prompt starts with exactly one (:func:`render_chat`).
 
@@ -65,9 +66,15 @@ class ChatTemplateError(ValueError):
     """``task.chat=true`` without a tokenizer that can render chat prompts (none given, or no chat template)."""
 
 
-def check_chat_tokenizer(tokenizer: PreTrainedTokenizerBase | None, *, task: str) -> PreTrainedTokenizerBase:
+#: How a file task's instructions reach a model without a chat template (the end of a :class:`ChatTemplateError`).
+FILE_TASK_NO_CHAT_HINT = "set task.chat=false and write the instructions into task.prompt_template"
+
+
+def check_chat_tokenizer(
+    tokenizer: PreTrainedTokenizerBase | None, *, task: str, no_chat_hint: str = FILE_TASK_NO_CHAT_HINT
+) -> PreTrainedTokenizerBase:
     """``tokenizer`` when it can render chat prompts for ``task``; a :class:`ChatTemplateError` saying what to change
-    otherwise."""
+    otherwise (``no_chat_hint``: how to do without a chat template, the error's last words)."""
     if tokenizer is None:
         raise ChatTemplateError(
             f"task.chat=true ({task}) renders prompts with the model tokenizer's chat template: pass the run's "
@@ -78,8 +85,7 @@ def check_chat_tokenizer(tokenizer: PreTrainedTokenizerBase | None, *, task: str
         raise ChatTemplateError(
             f"task.chat=true ({task}) needs a tokenizer with a chat template, but the tokenizer of model {model!r} "
             "has none (a base model, or the embedded character-level default). Use an instruct/chat checkpoint "
-            "(its tokenizer_config.json or chat_template.jinja holds the template), or set task.chat=false and "
-            "write the instructions into task.prompt_template"
+            f"(its tokenizer_config.json or chat_template.jinja holds the template), or {no_chat_hint}"
         )
     return tokenizer
 
