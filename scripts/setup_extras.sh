@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the optional test groups into .venv (after scripts/setup.sh): Debian's chromium (root only), the framework
-# adapters' packages (requirements/integrations/*.txt) and Ray for runtime.mode=ray (requirements/ray.txt). Each file
+# adapters' packages (requirements/integrations/*.txt), Ray for runtime.mode=ray (requirements/ray.txt) and the
+# experiment trackers for log.wandb / log.mlflow (requirements/logging.txt). Each file
 # pins exact versions and is installed with --no-deps (each file says which declared requirements it knowingly leaves
 # unmet and why), so no version of requirements.lock changes. Idempotent: a stamp keyed by the files makes a second run take a second.
 set -euo pipefail
@@ -14,7 +15,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
     || echo "[setup] could not install chromium; the browser test will skip" >&2
 fi
-files=(requirements/ray.txt requirements/integrations/*.txt)
+files=(requirements/ray.txt requirements/logging.txt requirements/integrations/*.txt)
 existing=()
 for f in "${files[@]}"; do [ -f "$f" ] && existing+=("$f"); done
 [ ${#existing[@]} -eq 0 ] && exit 0

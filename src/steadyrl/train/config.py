@@ -308,6 +308,20 @@ class LogConfig(_Section):
         description="Where the wall-clock keys time/* go: into metrics.jsonl, or into timings.jsonl so that "
         "metrics.jsonl is byte-identical between two runs of the same config and seed.",
     )
+    wandb: bool = Field(False, description="Also log every metrics record (step = learner step) and the resolved "
+                        "config to Weights & Biases; files in <out_dir>/wandb (needs requirements/logging.txt).")
+    wandb_project: str = Field("steadyrl", min_length=1, max_length=128, pattern=r"^[^/\\#?%:]+$",
+                               description="W&B project; the run is named after out_dir.")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="offline: no account or network, upload later with `wandb sync <out_dir>/wandb/"
+        "offline-run-*`; online: stream to the W&B server (needs `wandb login`); disabled: a no-op run."
+    )
+    mlflow: bool = Field(False, description="Also log the flattened config as params and every metrics record as "
+                         "MLflow metrics (step = learner step; needs requirements/logging.txt).")
+    mlflow_uri: str | None = Field(None, min_length=1, description="MLflow tracking URI (a server http://..., "
+                                   "sqlite:///path.db, ...); None = sqlite:///<out_dir>/mlflow.db, no server.")
+    mlflow_experiment: str = Field("steadyrl", min_length=1, max_length=500, description="MLflow experiment (created "
+                                   "if missing); the run is named after out_dir.")
 
 
 class TrainConfig(_Section):

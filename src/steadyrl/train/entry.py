@@ -128,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as err:
             print(f"steadyrl train: {err}", file=sys.stderr)
             return EXIT_USAGE
+    from steadyrl.train.log_sinks import require_trackers
+
+    try:  # likewise a missing wandb / mlflow package (log.wandb, log.mlflow)
+        require_trackers(wandb=cfg.log.wandb, mlflow=cfg.log.mlflow)
+    except ImportError as err:
+        print(f"steadyrl train: {err}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         result = run(cfg)
     except (RunDirError, VLLMUnavailableError, MissingFileError, DatasetError, ChatTemplateError) as err:

@@ -49,13 +49,15 @@ from steadyrl.train.config import TrainConfig
 from steadyrl.train.evaluate import EvalResult, evaluate
 from steadyrl.train.guard import GUARD_FILE, CollapseGuard
 from steadyrl.train.learner import Learner
+from steadyrl.train.log_sinks import TRACKER_FILES, open_trackers, require_trackers
 from steadyrl.train.metrics import METRICS_FILE, TB_DIR, TIMINGS_FILE, MetricsOffsets, MetricsWriter, read_metrics
 from steadyrl.train.plot import PLOT_FILE, write_plot
 from steadyrl.train.seeding import generator
 
 CONFIG_FILE = "config.yaml"
 #: Files and directories a run writes in out_dir (what a fresh start replaces; nothing else there is touched).
-RUN_FILES = (METRICS_FILE, TIMINGS_FILE, CONFIG_FILE, PLOT_FILE, TB_DIR, GUARD_FILE, ckpt.CHECKPOINT_DIR)
+RUN_FILES = (METRICS_FILE, TIMINGS_FILE, CONFIG_FILE, PLOT_FILE, TB_DIR, GUARD_FILE, ckpt.CHECKPOINT_DIR,
+             *TRACKER_FILES)  # fmt: skip
 #: Their presence means out_dir holds a run that a fresh start would destroy (so it needs ``overwrite=true``).
 PROTECTED_FILES = (METRICS_FILE, ckpt.CHECKPOINT_DIR)
 #: Config keys a resumed run may change (the others must match the checkpoint's, or the continuation is not exact).
@@ -410,6 +412,7 @@ def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None
         torch.set_num_threads(cfg.runtime.threads)
     wall0 = time.perf_counter()
     out_dir = Path(cfg.out_dir)
+    require_trackers(wandb=cfg.log.wandb, mlflow=cfg.log.mlflow)  # a missing package fails before anything is done
     loaded = _prepare_out_dir(cfg)
     run = _Run(cfg, make_source)
     _write_config(cfg)
@@ -428,6 +431,7 @@ def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None
         tensorboard=cfg.log.tensorboard,
         start=offsets,
         start_step=start,
+        trackers=open_trackers(cfg.log, out_dir, config=cfg.model_dump(mode="json"), resume=loaded is not None),
     )
     stop = stop or StopFlag()
     interrupted = False

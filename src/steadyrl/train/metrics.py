@@ -7,7 +7,8 @@ a last line at ``step = steps`` holds the final evaluation only. Wall-clock keys
 ``metrics.jsonl`` byte-reproducible.
 
 The writer flushes every line and reports its byte offsets, which a checkpoint records so that a resumed run first
-truncates the files to the checkpointed step. TensorBoard events (``log.tensorboard``) go to ``<out_dir>/tb``.
+truncates the files to the checkpointed step. TensorBoard events (``log.tensorboard``) go to ``<out_dir>/tb``; W&B
+(``log.wandb``) and MLflow (``log.mlflow``) get the same records (:mod:`steadyrl.train.log_sinks`).
 
 Metric keys (namespaced by layer; the loss-level ones come from ``compute_loss``):
 
@@ -39,9 +40,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from steadyrl.train.log_sinks import MetricsSink, TensorBoardSink
 
 #: Significant digits kept for every float in metrics.jsonl.
 FLOAT_DIGITS = 8
@@ -90,33 +93,16 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-class MetricsWriter:
-    """Appends records to metrics.jsonl (and timings.jsonl / TensorBoard), optionally first truncating to offsets."""
+class JsonlSink:
+    """metrics.jsonl (and timings.jsonl): appends records, optionally first truncating the files to offsets."""
 
-    def __init__(
-        self,
-        out_dir: str | Path,
-        *,
-        separate_timings: bool,
-        tensorboard: bool,
-        start: MetricsOffsets | None = None,
-        start_step: int = 0,
-    ) -> None:
-        self.dir = Path(out_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.separate_timings = separate_timings
-        self.path = self.dir / METRICS_FILE
-        self.timing_path = self.dir / TIMINGS_FILE
+    def __init__(self, out_dir: Path, *, separate_timings: bool, start: MetricsOffsets | None = None) -> None:
+        self.path = out_dir / METRICS_FILE
+        self.timing_path = out_dir / TIMINGS_FILE
         offsets = start or MetricsOffsets(0, 0, 0)
         self._lines = offsets.lines
         self._file = self._open(self.path, offsets.bytes)
         self._timing_file = self._open(self.timing_path, offsets.timing_bytes) if separate_timings else None
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # purge_step drops events a previous, interrupted run wrote past the resume point
-            self._tb = SummaryWriter(str(self.dir / TB_DIR), purge_step=start_step if start else None)
 
     @staticmethod
     def _open(path: Path, size: int) -> Any:
@@ -126,7 +112,7 @@ class MetricsWriter:
         return handle
 
     def write(self, record: Mapping[str, Any]) -> None:
-        """Append one record (it must hold ``step``)."""
+        """Append one line (the ``time/*`` keys to timings.jsonl when separated), flushed."""
         main = dict(record)
         if self._timing_file is not None:
             timings = {k: main.pop(k) for k in list(main) if k.startswith(TIME_PREFIX)}
@@ -135,10 +121,6 @@ class MetricsWriter:
         self._file.write((format_record(main) + "\n").encode())
         self._file.flush()
         self._lines += 1
-        if self._tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and math.isfinite(float(value)):
-                    self._tb.add_scalar(key, float(value), global_step=int(record["step"]))
 
     def offsets(self) -> MetricsOffsets:
         """Current end of the files (to store in a checkpoint)."""
@@ -146,19 +128,64 @@ class MetricsWriter:
         return MetricsOffsets(self._lines, self._file.tell(), timing)
 
     def sync(self) -> None:
-        """Flush to disk (before a checkpoint records the offsets)."""
+        """fsync both files."""
         for handle in (self._file, self._timing_file):
             if handle is not None:
                 handle.flush()
                 os.fsync(handle.fileno())
-        if self._tb is not None:
-            self._tb.flush()
 
     def close(self) -> None:
-        """Flush and close every output."""
+        """Flush and close the files."""
         self.sync()
         self._file.close()
         if self._timing_file is not None:
             self._timing_file.close()
-        if self._tb is not None:
-            self._tb.close()
+
+
+class MetricsWriter:
+    """Hands each record to a list of sinks (:mod:`steadyrl.train.log_sinks`): metrics.jsonl first, then TensorBoard
+    and the trackers (W&B, MLflow) in that order, each called the same way."""
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        separate_timings: bool,
+        tensorboard: bool,
+        start: MetricsOffsets | None = None,
+        start_step: int = 0,
+        trackers: Sequence[MetricsSink] = (),
+    ) -> None:
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = JsonlSink(self.dir, separate_timings=separate_timings, start=start)
+        self.path, self.timing_path = self.jsonl.path, self.jsonl.timing_path
+        self.sinks: list[MetricsSink] = [self.jsonl]
+        if tensorboard:
+            self.sinks.append(TensorBoardSink(self.dir / TB_DIR, purge_step=start_step if start else None))
+        self.sinks.extend(trackers)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Append one record (it must hold ``step``) to every sink."""
+        for sink in self.sinks:
+            sink.write(record)
+
+    def offsets(self) -> MetricsOffsets:
+        """Current end of metrics.jsonl / timings.jsonl (to store in a checkpoint)."""
+        return self.jsonl.offsets()
+
+    def sync(self) -> None:
+        """Flush every sink to disk (before a checkpoint records the offsets)."""
+        for sink in self.sinks:
+            sink.sync()
+
+    def close(self) -> None:
+        """Flush and close every sink; each one is closed even if an earlier one raises (the first error is raised)."""
+        error: BaseException | None = None
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as err:  # every sink gets its close
+                error = error or err
+        if error is not None:
+            raise error
