@@ -15,8 +15,8 @@ import pytest
 
 from steadyrl.train import checkpoint as ckpt
 from steadyrl.train.entry import main
-from steadyrl.train.log_sinks import MLFLOW_STATE, WANDB_STATE, flatten_config, mlflow_key, scalars
-from steadyrl.train.metrics import read_metrics
+from steadyrl.train.log_sinks import MLFLOW_STATE, WANDB_STATE, closing_status, flatten_config, mlflow_key, scalars
+from steadyrl.train.metrics import MetricsWriter, read_metrics
 
 #: The leveldb-log framing of a .wandb file: a 7-byte file header, 32 KiB blocks, 7-byte chunk headers
 #: (crc32, length, type; type 1 = a whole record, 2/3/4 = first/middle/last piece).
@@ -38,6 +38,45 @@ def test_trackers_get_finite_numbers_and_flattened_config() -> None:
     assert scalars(record) == {"reward/mean": 0.5, "train/skipped": 1.0, "lr": 1.0}
     flat = flatten_config({"a": {"b": 1, "c": [1, 2], "d": None, "e": {}}, "f": "x", "g": True})
     assert flat == {"a.b": "1", "a.c": "[1, 2]", "a.d": "null", "a.e": "{}", "f": "x", "g": "true"}
+
+
+class _Sink:
+    """A tracker that records its calls and the status a close would report; ``fail`` makes its close raise."""
+
+    def __init__(self, calls: list[str], name: str, *, fail: bool = False) -> None:
+        self.calls, self.name, self.fail = calls, name, fail
+
+    def write(self, record: Any) -> None:
+        self.calls.append(f"{self.name}.write {record['step']}")
+
+    def sync(self) -> None:
+        self.calls.append(f"{self.name}.sync")
+
+    def close(self) -> None:
+        self.calls.append(f"{self.name}.close {closing_status()}")
+        if self.fail:
+            raise OSError(f"{self.name} could not close")
+
+
+def test_every_sink_is_called_alike_and_closed_failed_when_the_run_raises(tmp_path: Path) -> None:
+    calls: list[str] = []
+    writer = MetricsWriter(tmp_path, separate_timings=False, tensorboard=False,
+                           trackers=[_Sink(calls, "a", fail=True), _Sink(calls, "b")])  # fmt: skip
+    writer.write({"step": 0, "loss": 1.0})
+    writer.sync()
+    with pytest.raises(RuntimeError, match="step 1 failed"):
+        try:
+            raise RuntimeError("step 1 failed")
+        finally:  # the training loop's cleanup path
+            with pytest.raises(OSError, match="a could not close"):  # raised after b was closed too
+                writer.close()
+    assert calls == ["a.write 0", "b.write 0", "a.sync", "b.sync", "a.close FAILED", "b.close FAILED"]
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"loss": 1.0, "step": 0}]
+    assert closing_status() == "FINISHED"
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        assert closing_status() == "KILLED"
 
 
 @pytest.mark.parametrize("flag", ["log.wandb=true", "log.mlflow=true"])

@@ -122,7 +122,7 @@ def _import(module: str, flag: str) -> Any:
                                   name=module) from err  # fmt: skip
 
 
-def _closing_status() -> str:
+def closing_status() -> str:
     """``FINISHED``, or ``FAILED`` / ``KILLED`` when called while an exception propagates."""
     exc = sys.exc_info()[1]
     if exc is None:
@@ -204,7 +204,7 @@ class WandbSink:
 
     def close(self) -> None:
         """Finish the run (exit code 1 when an exception propagates)."""
-        self.run.finish(exit_code=0 if _closing_status() == "FINISHED" else 1)
+        self.run.finish(exit_code=0 if closing_status() == "FINISHED" else 1)
 
 
 class MlflowSink:
@@ -259,7 +259,7 @@ class MlflowSink:
 
     def close(self) -> None:
         """Mark the run terminated: ``FINISHED``, or ``FAILED`` / ``KILLED`` when an exception propagates."""
-        self.client.set_terminated(self.state.run_id, status=_closing_status())
+        self.client.set_terminated(self.state.run_id, status=closing_status())
 
 
 def open_trackers(log: LogConfig, out_dir: Path, *, config: Mapping[str, Any], resume: bool) -> list[MetricsSink]:
