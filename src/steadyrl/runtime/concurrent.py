@@ -230,7 +230,7 @@ class ConcurrentSource(ABC):
         spec = SamplerSpec(
             cfg=self.cfg,
             index=i,
-            model=copy.deepcopy(self.model).requires_grad_(False),
+            model=copy.deepcopy(self.model).requires_grad_(False).to("cpu", torch.float32),  # samplers: CPU fp32
             tokenizer=self.tokenizer,
             incarnation=self.incarnations[i],
             redo=redo,
@@ -276,8 +276,10 @@ class ConcurrentSource(ABC):
         """PACE's prefix-forgetting scores of pooled groups: one no-grad forward of the learner's current policy (at
         the sampling temperature) over their responses (:func:`steadyrl.pool.policies.prefix_forgetting`)."""
         rollouts = concat([r.rollouts for r in records])
+        device = next(self.model.parameters()).device
         with torch.no_grad():
-            logp = sequence_logprobs(self.model, rollouts, temperature=self.cfg.sampling.temperature).logp
+            logp = sequence_logprobs(self.model, rollouts.to(device), temperature=self.cfg.sampling.temperature).logp
+        logp = logp.to(rollouts.behav_logp.device)
         out, row = [], 0
         for r in records:
             n = len(r.rollouts)

@@ -43,6 +43,7 @@ from steadyrl.rollout.vllm_engine import VLLMEngine, engine_from_config, engine_
 from steadyrl.runtime.order import problem_order
 from steadyrl.tasks import Problem, Task
 from steadyrl.tools import SandboxPool
+from steadyrl.train.device import Placement, Precision
 from steadyrl.train.seeding import derive_seed, generator
 
 if TYPE_CHECKING:
@@ -180,6 +181,7 @@ class LagSampler:
         seed: int,
         record_entropy: bool = False,
         engine: VLLMEngine | None = None,
+        precision: Precision = "fp32",
     ) -> None:
         if engine is not None and record_entropy:
             raise ValueError("the vLLM engine does not return the behavior entropy (record_entropy)")
@@ -188,6 +190,9 @@ class LagSampler:
         for the engine-vs-trainer mismatch (:func:`~steadyrl.rollout.vllm_engine.engine_mismatch`)."""
         self._engine_step: int | None = None
         self.sampler = copy.deepcopy(model).eval().requires_grad_(False)
+        # the learner's device and precision (steadyrl.train.device): the copy is on the model's device in its
+        # dtype, and decodes under the same autocast, so μ is what this sampler's distribution actually was
+        self.placement = Placement(device=next(self.sampler.parameters()).device, precision=precision)
         self.tokenizer = tokenizer
         self.ring = SnapshotRing(schedule)
         self.sampling = sampling
@@ -208,6 +213,7 @@ class LagSampler:
             seed=cfg.seed,
             record_entropy=record_entropy,
             engine=engine_from_config(cfg.rollout, model=model, tokenizer=tokenizer),
+            precision=cfg.precision,
         )
 
     def publish(self, *, step: int, version: int, model: nn.Module) -> None:
@@ -238,7 +244,7 @@ class LagSampler:
                 prompts, group_size=self.group_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                 top_p=s.top_p, top_k=s.top_k, seed=derive_seed(self.seed, "sample", step), version=snap.version,
             )  # fmt: skip
-        with torch.no_grad():
+        with torch.no_grad(), self.placement.autocast():
             return generate(
                 self.sampler,
                 self.tokenizer,
@@ -248,10 +254,22 @@ class LagSampler:
                 temperature=s.temperature,
                 top_p=s.top_p,
                 top_k=s.top_k,
-                generator=generator(self.seed, "sample", step),
+                generator=generator(self.seed, "sample", step, device=self.placement.device),
                 version=snap.version,
                 record_entropy=self.record_entropy,
             )
+
+    @property
+    def logs_mismatch(self) -> bool:
+        """Whether each batch adds ``mismatch/*``: with the vLLM engine, or with a bf16 precision (the KV-cache
+        decode in bf16 is not bit-equal to the learner's one-pass recompute)."""
+        return self.engine is not None or self.placement.precision != "fp32"
+
+    def mismatch(self, rollouts: Rollouts) -> dict[str, float]:
+        """μ of the batch against the trainer's recompute on the very weights that sampled (no lag):
+        :func:`~steadyrl.rollout.vllm_engine.engine_mismatch`, under the learner's autocast."""
+        with self.placement.autocast():
+            return engine_mismatch(self.sampler, rollouts, temperature=self.sampling.temperature)
 
     def restart(self, *, step: int, version: int, model: nn.Module) -> None:
         """Restart the samplers from ``model`` (healthy weights after a rollback; ``version`` its optimizer steps).
@@ -329,19 +347,20 @@ class LagSource:
                 top_k=s.top_k, seed=derive_seed(self.seed, "sample", step), version=snap.version,
             )  # fmt: skip
         else:
-            with torch.no_grad():
+            with torch.no_grad(), sampler.placement.autocast():
                 out = tools.generate(
                     sampler.sampler, sampler.tokenizer, prompts, group_size=sampler.group_size,
                     temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                    generator=generator(self.seed, "sample", step), version=snap.version,
+                    generator=generator(self.seed, "sample", step, device=sampler.placement.device),
+                    version=snap.version,
                     record_entropy=sampler.record_entropy,
                 )  # fmt: skip
         t1 = time.perf_counter()
         rewards = score_final(self.task, problems, out)
         t2 = time.perf_counter()
         metrics = {"time/sample_s": t1 - t0, "time/score_s": t2 - t1} | out.summary()
-        if sampler.engine is not None:  # as next_batch: the lag-free engine-vs-trainer mismatch (tool tokens attended)
-            metrics |= engine_mismatch(sampler.sampler, out.rollouts, temperature=s.temperature)
+        if sampler.logs_mismatch:  # as next_batch: the lag-free engine-vs-trainer mismatch (tool tokens attended)
+            metrics |= sampler.mismatch(out.rollouts)
             metrics["time/mismatch_s"] = time.perf_counter() - t2
         return ScoredRollouts(out.rollouts, rewards, metrics)
 
@@ -361,8 +380,8 @@ class LagSource:
         rewards = score_rollouts(self.task, problems, rollouts)
         t2 = time.perf_counter()
         metrics = {"time/sample_s": t1 - t0, "time/score_s": t2 - t1}
-        if self.sampler.engine is not None:  # engine vs trainer on the sampling weights: the lag-free mismatch
-            metrics |= engine_mismatch(self.sampler.sampler, rollouts, temperature=self.sampler.sampling.temperature)
+        if self.sampler.logs_mismatch:  # engine vs trainer on the sampling weights: the lag-free mismatch
+            metrics |= self.sampler.mismatch(rollouts)
             metrics["time/mismatch_s"] = time.perf_counter() - t2
         return ScoredRollouts(rollouts, rewards, metrics)
 

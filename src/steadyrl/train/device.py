@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import types
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,7 +38,6 @@ Precision = Literal["fp32", "bf16-mixed", "bf16"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16-mixed", "bf16")
 #: ``device`` values: auto, cpu, cuda, cuda:N.
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-_FP32_HEAD = "_steadyrl_fp32_head"
 
 
 class DeviceError(ValueError):
@@ -98,24 +96,26 @@ class Placement:
         return torch.Generator(device=self.device).manual_seed(seed)
 
 
-def fp32_output_layer(model: nn.Module) -> None:
-    """Make ``model``'s output embedding compute its logits in float32, whatever autocast or the weights' dtype.
+class Float32OutputLinear(nn.Linear):
+    """``nn.Linear`` whose product runs in float32 (at least) whatever autocast or the weights' dtype: the output
+    layer of every placed model. The same map as ``nn.Linear`` (so the ghost gradient-norm pass treats it as one:
+    ``computes_linear``); only the arithmetic precision differs."""
 
-    The layer's ``forward`` is replaced on the instance (its parameters and state-dict keys are untouched, a
-    ``deepcopy`` of the model keeps the replacement): autocast is switched off inside it and the input (and a
-    non-float32 weight) are upcast, so ``logits = h W^T (+ b)`` is a float32 matmul. A no-op when the model has no
-    ``get_output_embeddings`` (then its logits are whatever it computes) or the layer is already replaced.
-    """
+    computes_linear = True
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x W^T (+ b)`` with autocast off, in float32 (float64 stays float64)."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            dtype = torch.promote_types(x.dtype, torch.float32)
+            bias = None if self.bias is None else self.bias.to(dtype)
+            return F.linear(x.to(dtype), self.weight.to(dtype), bias)
+
+
+def fp32_output_layer(model: nn.Module) -> None:
+    """Make ``model``'s output embedding a :class:`Float32OutputLinear` (in place: the class of the existing layer
+    is swapped, so its parameters, tying and state-dict keys are untouched; copies and pickles keep it). A no-op
+    when the model has no ``get_output_embeddings`` or the layer is not a plain ``nn.Linear``."""
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
-    if not isinstance(head, nn.Linear) or getattr(head, _FP32_HEAD, False):
-        return
-    head.forward = types.MethodType(_fp32_linear_forward, head)  # type: ignore[method-assign]
-    setattr(head, _FP32_HEAD, True)
-
-
-def _fp32_linear_forward(self: nn.Linear, x: Tensor) -> Tensor:
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        dtype = torch.promote_types(x.dtype, torch.float32)  # float64 models stay float64
-        bias = None if self.bias is None else self.bias.to(dtype)
-        return F.linear(x.to(dtype), self.weight.to(dtype), bias)
+    if head is not None and type(head) is nn.Linear:
+        head.__class__ = Float32OutputLinear

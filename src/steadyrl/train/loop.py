@@ -46,6 +46,7 @@ from steadyrl.tasks import Problem, Task, build_task
 from steadyrl.tools import SandboxPool
 from steadyrl.train import checkpoint as ckpt
 from steadyrl.train.config import TrainConfig
+from steadyrl.train.device import Placement
 from steadyrl.train.evaluate import EvalResult, evaluate
 from steadyrl.train.guard import GUARD_FILE, CollapseGuard
 from steadyrl.train.learner import Learner
@@ -289,7 +290,10 @@ class _Run:
         # after it; TrainConfig refuses task.chat with the default model).
         task = None if getattr(cfg.task, "chat", False) else build_task(cfg.task)
         policy = load_policy(cfg.model, task, seed=cfg.seed, progress=cfg.log.progress)
-        self.model, self.tokenizer = policy.model, policy.tokenizer
+        # device and precision, decided once (steadyrl.train.device): the learner, the reference, the critic and the
+        # lag runtime's sampler (a copy of this model) all follow it
+        self.placement = Placement.from_names(cfg.device, cfg.precision)
+        self.model, self.tokenizer = self.placement.place(policy.model), policy.tokenizer
         self.task: Task = task if task is not None else build_task(cfg.task, tokenizer=self.tokenizer)
         self.method = cfg.method.resolve()
         needs_ref = self.method.kl.type != "none"
@@ -304,6 +308,7 @@ class _Run:
             ref_model=ref,
             log=_say,
             critic=cfg.critic,
+            placement=self.placement,
         )
         record_entropy = any(c.type == "estr" for c in self.method.corrections)
         self.pool: list[Problem] = self.task.problems("train", cfg.data.train_pool, seed=cfg.seed)
@@ -341,6 +346,7 @@ class _Run:
         t0 = time.perf_counter()
         tools = self.cfg.tools
         with contextlib.ExitStack() as stack:  # with tools: the multi-turn path, in a sandbox pool of its own
+            stack.enter_context(self.placement.autocast())
             sandbox = stack.enter_context(SandboxPool(tools.sandbox)) if tools.enabled else None
             res = evaluate(
                 model=self.model,
@@ -349,7 +355,7 @@ class _Run:
                 problems=self.eval_set,
                 cfg=self.cfg.eval,
                 max_new_tokens=self.cfg.sampling.max_new_tokens,
-                generator=generator(self.cfg.seed, "eval"),
+                generator=generator(self.cfg.seed, "eval", device=self.placement.device),
                 version=self.learner.version,
                 tools=None if sandbox is None else tools.tool_use(sandbox),
             )

@@ -22,6 +22,7 @@ def derive_seed(seed: int, *parts: str | int) -> int:
     return int.from_bytes(digest, "little") % (1 << SEED_BITS)
 
 
-def generator(seed: int, *parts: str | int) -> torch.Generator:
-    """A CPU ``torch.Generator`` seeded with :func:`derive_seed`."""
-    return torch.Generator().manual_seed(derive_seed(seed, *parts))
+def generator(seed: int, *parts: str | int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` (the CPU by default; a sampler draws on its model's device) seeded with
+    :func:`derive_seed`. The same seed gives different draws on a CPU and a CUDA generator."""
+    return torch.Generator(device=device).manual_seed(derive_seed(seed, *parts))

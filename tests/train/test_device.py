@@ -1,0 +1,132 @@
+"""Device and precision (steadyrl.train.device): where the learner runs, and that every log-prob in a ratio is fp32.
+
+bf16 autocast runs on the CPU, so every precision is tested here; a CUDA device is tested only where one exists.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from steadyrl.control import build_controllers
+from steadyrl.methods import resolve_method
+from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
+from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.sampler import generate
+from steadyrl.train import learner as learner_module
+from steadyrl.train.config import OptimConfig, TrainConfig
+from steadyrl.train.configio import ConfigError, load_config
+from steadyrl.train.device import DeviceError, Float32OutputLinear, Placement, resolve_device
+from steadyrl.train.entry import main
+from steadyrl.train.learner import Learner
+from steadyrl.train.metrics import read_metrics
+
+ARCH = TinyArchConfig(hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32)
+PROMPTS = ["1+2=", "13+4-5=", "7-3=", "22+9="]
+
+
+def _model() -> torch.nn.Module:
+    return build_tiny_model(ARCH, tokenizer=build_char_tokenizer(), seed=0)
+
+
+def test_auto_is_the_cpu_without_a_gpu_and_bad_devices_are_refused() -> None:
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(DeviceError, match="not one of auto, cpu, cuda, cuda:N"):
+        resolve_device("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="no CUDA GPU is visible"):
+            resolve_device("cuda:0")
+    with pytest.raises(ConfigError, match="device"):
+        load_config(TrainConfig, overrides=["device=tpu"])
+    with pytest.raises(ConfigError, match="precision"):
+        load_config(TrainConfig, overrides=["precision=fp16"])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16"])
+def test_placed_models_compute_fp32_logits_and_log_probs(precision: str) -> None:
+    placement = Placement.from_names("cpu", precision)
+    model = placement.place(_model())
+    assert {p.dtype for p in model.parameters()} == {placement.param_dtype}
+    assert type(model.lm_head) is Float32OutputLinear
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tying survives the swap
+    seen: dict[str, torch.dtype] = {}
+    hooks = [
+        model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.update(trunk=o.dtype)),
+        model.lm_head.register_forward_hook(lambda m, i, o: seen.update(logits=o.dtype)),
+    ]
+    tok = build_char_tokenizer()
+    with torch.no_grad(), placement.autocast():
+        rollouts = generate(model, tok, PROMPTS, group_size=2, max_new_tokens=5,
+                            generator=placement.generator(0), version=0)  # fmt: skip
+        logp = sequence_logprobs(model, rollouts).logp
+    for h in hooks:
+        h.remove()
+    assert seen["trunk"] == (torch.float32 if precision == "fp32" else torch.bfloat16)
+    assert seen["logits"] == torch.float32
+    assert rollouts.behav_logp.dtype == torch.float32 and logp.dtype == torch.float32
+    if precision == "fp32":  # the same weights, one pass against the KV-cache decode: equal to float32 rounding
+        m = rollouts.response_mask
+        assert torch.allclose(logp[m], rollouts.behav_logp[m], atol=1e-5)
+
+
+def test_a_placed_model_pickles_and_copies_with_its_fp32_output_layer() -> None:
+    model = Placement.from_names("cpu", "bf16-mixed").place(_model())
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert type(other.lm_head) is Float32OutputLinear
+        assert other.state_dict().keys() == model.state_dict().keys()
+
+
+@pytest.mark.parametrize("method", ["seq_tis", "vcpo", "copc"])
+def test_the_learner_sees_fp32_log_probs_under_bf16_mixed(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log-probs handed to the loss (π_θ, π_prox, μ) are float32; the step trains (weights move, finite)."""
+    placement = Placement.from_names("cpu", "bf16-mixed")
+    model = placement.place(_model())
+    tok = build_char_tokenizer()
+    with torch.no_grad(), placement.autocast():
+        rollouts = generate(model, tok, PROMPTS, group_size=4, max_new_tokens=5,
+                            generator=placement.generator(0), version=0)  # fmt: skip
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0] * len(PROMPTS))
+    seen: list[dict[str, torch.dtype]] = []
+    real = learner_module.compute_loss
+
+    def spy(spec, batch):  # type: ignore[no-untyped-def]
+        seen.append({k: batch[k].dtype for k in ("logp", "behav_logp", "prox_logp") if k in batch})
+        return real(spec, batch)
+
+    monkeypatch.setattr(learner_module, "compute_loss", spy)
+    spec = resolve_method(method)
+    learner = Learner(model=model, method=spec, controllers=build_controllers(spec), lr=1e-2,
+                      optim=OptimConfig(updates_per_batch=2), placement=placement, log=lambda _: None)  # fmt: skip
+    before = [p.detach().clone() for p in model.parameters()]
+    out = learner.step(rollouts, rewards)
+    assert out.skipped == 0 and out.applied == 2
+    assert seen and all(d == {k: torch.float32 for k in d} for d in seen) and "prox_logp" in seen[0]
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # master weights stay fp32
+    assert all(s["exp_avg"].dtype == torch.float32 for s in learner.optimizer.state.values())
+
+
+def test_bf16_mixed_trains_end_to_end_and_logs_the_lag0_mismatch(tiny_overrides: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "bf16"
+    args = [*tiny_overrides, "precision=bf16-mixed", "device=cpu", "lag=0", "steps=6", "eval.every=3",
+            "checkpoint.every=0", "optim.microbatch_tokens=64", f"out_dir={out}"]  # fmt: skip
+    assert main(args) == 0
+    records = read_metrics(out / "metrics.jsonl")
+    steps = [r for r in records if "loss" in r]
+    assert len(steps) == 6 and all(r["train/skipped"] == 0 for r in steps)
+    assert all(r["train/microbatches"] > 1 for r in steps)
+    # the bf16 KV-cache decode against the learner's bf16 recompute of the same weights: small, logged, not zero lag
+    assert all(abs(r["mismatch/kl_k3"]) < 0.05 and r["mismatch/ess_ratio"] > 0.9 for r in steps)
+    assert all(0 <= r["mismatch/max_abs_dlogp"] < 0.5 for r in steps)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_learner_runs_on_the_gpu(tiny_overrides: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "cuda"
+    assert main([*tiny_overrides, "device=cuda", "precision=bf16-mixed", "steps=3", "lag=1", f"out_dir={out}"]) == 0
+    assert len([r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]) == 3
