@@ -27,12 +27,17 @@ Sampling is seeded per step (``generator(seed, "sample", t)``), so a run and a r
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from steadyrl.rollout.multiturn import ToolUse, score_final
@@ -93,12 +98,49 @@ class LagSchedule:
         return self.lag + 1 if self.kind == "pipeline" else 1
 
 
+class DiskState(NamedTuple):
+    """A snapshot kept on disk: one safetensors file (tied tensors stored once, ``aliases`` maps every state-dict
+    key to its stored tensor); :meth:`load` memory-maps it."""
+
+    path: Path
+    aliases: dict[str, str]
+
+    @classmethod
+    def save(cls, state: Mapping[str, Tensor], path: Path) -> DiskState:
+        """Write ``state`` to ``path`` atomically (a temp file renamed)."""
+        stored: dict[str, Tensor] = {}
+        aliases: dict[str, str] = {}
+        by_storage: dict[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype], str] = {}
+        for name, tensor in state.items():
+            key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+            if key not in by_storage:
+                by_storage[key] = name
+                stored[name] = tensor.contiguous()
+            aliases[name] = by_storage[key]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file(stored, str(tmp))
+        tmp.replace(path)
+        return cls(path, aliases)
+
+    def load(self) -> dict[str, Tensor]:
+        """The state dict, its tensors memory-mapped from the file (tied keys share one tensor again)."""
+        with safe_open(str(self.path), framework="pt", device="cpu") as f:
+            stored = {name: f.get_tensor(name) for name in set(self.aliases.values())}
+        return {name: stored[alias] for name, alias in self.aliases.items()}
+
+
 class Snapshot(NamedTuple):
-    """The weights the learner had at the start of learner step ``step``, after ``version`` optimizer steps."""
+    """The weights the learner had at the start of learner step ``step``, after ``version`` optimizer steps: in
+    RAM (a state dict) or on disk (:class:`DiskState`, past ``runtime.snapshot_memory_gb``)."""
 
     step: int
     version: int
-    state: dict[str, Tensor]
+    state: dict[str, Tensor] | DiskState
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The state dict (loaded from disk, memory-mapped, when the snapshot was spilled)."""
+        return self.state.load() if isinstance(self.state, DiskState) else self.state
 
 
 def cpu_state(model: nn.Module) -> dict[str, Tensor]:
@@ -113,20 +155,50 @@ def cpu_state(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-class SnapshotRing:
-    """Snapshots of the learner's weights, kept exactly as long as the schedule will still sample from them."""
+def state_bytes(model: nn.Module) -> int:
+    """Bytes of one snapshot of ``model`` (its state dict in its own dtype, tied tensors once)."""
+    seen: dict[tuple[int, tuple[int, ...], torch.dtype], int] = {}
+    for tensor in model.state_dict().values():
+        seen[(tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)] = tensor.numel() * tensor.element_size()
+    return sum(seen.values())
 
-    def __init__(self, schedule: LagSchedule) -> None:
+
+class SnapshotRing:
+    """Snapshots of the learner's weights, kept exactly as long as the schedule will still sample from them.
+
+    At most ``ram_slots`` of them stay in RAM (None: all); the others are written to ``spill_dir`` as safetensors
+    files and memory-mapped back when a batch is sampled from them (:class:`DiskState`).
+    """
+
+    def __init__(self, schedule: LagSchedule, *, ram_slots: int | None = None, spill_dir: Path | None = None) -> None:
+        if ram_slots is not None and ram_slots < schedule.capacity and spill_dir is None:
+            raise ValueError(f"ram_slots={ram_slots} < {schedule.capacity} snapshots needs a spill_dir")
         self.schedule = schedule
+        self.ram_slots = ram_slots
+        self.spill_dir = spill_dir
         self._items: dict[int, Snapshot] = {}
+
+    def _store(self, step: int, state: dict[str, Tensor]) -> dict[str, Tensor] | DiskState:
+        in_ram = sum(1 for s in self._items.values() if not isinstance(s.state, DiskState))
+        if self.ram_slots is None or in_ram < self.ram_slots:
+            return state
+        assert self.spill_dir is not None
+        return DiskState.save(state, self.spill_dir / f"step{step:08d}.safetensors")
+
+    def _drop(self, step: int) -> None:
+        snap = self._items.pop(step)
+        if isinstance(snap.state, DiskState) and all(s.state != snap.state for s in self._items.values()):
+            snap.state.path.unlink(missing_ok=True)
 
     def publish(self, *, step: int, version: int, model: nn.Module) -> None:
         """Record ``model``'s weights as those of the start of ``step``; drop snapshots no later step needs."""
-        if self.schedule.keeps(step):
-            self._items[step] = Snapshot(step, version, cpu_state(model))
         oldest_needed = self.schedule.source_step(step)
         for s in [s for s in self._items if s < oldest_needed]:
-            del self._items[s]
+            self._drop(s)
+        if self.schedule.keeps(step):
+            if step in self._items:
+                self._drop(step)
+            self._items[step] = Snapshot(step, version, self._store(step, cpu_state(model)))
 
     def get(self, step: int) -> Snapshot:
         """The snapshot that samples the batch of ``step``."""
@@ -142,11 +214,18 @@ class SnapshotRing:
 
         One CPU copy is shared by all of them. Used by a rollback: as if the samplers restarted from a checkpoint.
         """
+        for s in list(self._items):
+            self._drop(s)
         state = cpu_state(model)
         first = self.schedule.source_step(step)
         self._items = {
             s: Snapshot(s, version, state) for s in range(first, step + 1) if self.schedule.keeps(s) or s == first
         }
+
+    def close(self) -> None:
+        """Delete the spilled files (a checkpoint holds the snapshots themselves; a resume spills them again)."""
+        for s in list(self._items):
+            self._drop(s)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -158,13 +237,63 @@ class SnapshotRing:
 
     def state_dict(self) -> dict[str, Any]:
         """The held snapshots, for a checkpoint."""
-        return {"snapshots": [{"step": s.step, "version": s.version, "state": s.state} for s in self._items.values()]}
+        return {"snapshots": [{"step": s.step, "version": s.version, "state": s.tensors()}
+                              for s in self._items.values()]}  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
-        self._items = {
-            int(d["step"]): Snapshot(int(d["step"]), int(d["version"]), dict(d["state"])) for d in state["snapshots"]
-        }
+        """Restore :meth:`state_dict` (within ``ram_slots``, the rest spilled to disk again)."""
+        for s in list(self._items):
+            self._drop(s)
+        for d in sorted(state["snapshots"], key=lambda d: int(d["step"])):
+            step = int(d["step"])
+            self._items[step] = Snapshot(step, int(d["version"]), self._store(step, dict(d["state"])))
+
+
+GIB = 1 << 30
+
+
+class SnapshotMemoryError(ValueError):
+    """The lag ring's k + 1 snapshots fit neither in the RAM budget nor on the free disk (raised before step 0)."""
+
+
+def default_snapshot_budget() -> int:
+    """Half of the RAM available now (Linux ``MemAvailable``; else half of physical RAM)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def snapshot_ram_slots(
+    *, copy_bytes: int, schedule: LagSchedule, budget_bytes: int, spill_dir: Path
+) -> int | None:  # fmt: skip
+    """How many snapshots stay in RAM (None: all of them fit the budget); the rest go to ``spill_dir``.
+
+    The ring holds ``schedule.capacity`` (lag + 1 for the pipeline) copies of the weights. Raises
+    :class:`SnapshotMemoryError` up front, with the arithmetic, when the copies beyond the RAM budget do not fit on
+    the free disk either.
+    """
+    n = schedule.capacity
+    if n * copy_bytes <= budget_bytes:
+        return None
+    slots = budget_bytes // copy_bytes if copy_bytes else n
+    spilled = (n - slots) * copy_bytes
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(spill_dir).free
+    if spilled > free:
+        raise SnapshotMemoryError(
+            f"the lag runtime keeps lag+1 = {n} copies of the weights ({copy_bytes / GIB:.2f} GiB each, "
+            f"{n * copy_bytes / GIB:.2f} GiB in all): {slots} fit runtime.snapshot_memory_gb "
+            f"({budget_bytes / GIB:.2f} GiB) and the other {n - slots} need {spilled / GIB:.2f} GiB of disk at "
+            f"{spill_dir}, which has {free / GIB:.2f} GiB free. Lower lag, raise runtime.snapshot_memory_gb, point "
+            "runtime.snapshot_dir at a larger disk, use precision=bf16 (half the bytes), or runtime.mode=local "
+            "(the sampler holds the only stale copy)"
+        )
+    return slots
 
 
 class LagSampler:
@@ -182,6 +311,8 @@ class LagSampler:
         record_entropy: bool = False,
         engine: VLLMEngine | None = None,
         precision: Precision = "fp32",
+        snapshot_budget_bytes: int | None = None,
+        snapshot_dir: Path | None = None,
     ) -> None:
         if engine is not None and record_entropy:
             raise ValueError("the vLLM engine does not return the behavior entropy (record_entropy)")
@@ -194,7 +325,13 @@ class LagSampler:
         # dtype, and decodes under the same autocast, so μ is what this sampler's distribution actually was
         self.placement = Placement(device=next(self.sampler.parameters()).device, precision=precision)
         self.tokenizer = tokenizer
-        self.ring = SnapshotRing(schedule)
+        ram_slots = None
+        if snapshot_budget_bytes is not None:  # a run's config always sets it (runtime.snapshot_memory_gb or auto)
+            if snapshot_dir is None:
+                raise ValueError("a snapshot memory budget needs a snapshot_dir to spill to")
+            ram_slots = snapshot_ram_slots(copy_bytes=state_bytes(model), schedule=schedule,
+                                           budget_bytes=snapshot_budget_bytes, spill_dir=snapshot_dir)  # fmt: skip
+        self.ring = SnapshotRing(schedule, ram_slots=ram_slots, spill_dir=snapshot_dir)
         self.sampling = sampling
         self.group_size = group_size
         self.seed = seed
@@ -214,7 +351,12 @@ class LagSampler:
             record_entropy=record_entropy,
             engine=engine_from_config(cfg.rollout, model=model, tokenizer=tokenizer),
             precision=cfg.precision,
-        )
+            snapshot_budget_bytes=(
+                default_snapshot_budget() if cfg.runtime.snapshot_memory_gb is None
+                else int(cfg.runtime.snapshot_memory_gb * GIB)
+            ),
+            snapshot_dir=cfg.runtime.snapshot_dir or Path(cfg.out_dir) / "snapshots",
+        )  # fmt: skip
 
     def publish(self, *, step: int, version: int, model: nn.Module) -> None:
         """The learner's weights at the start of ``step`` (call once per step, in order, from step 0)."""
@@ -224,14 +366,14 @@ class LagSampler:
         """Load the weights the schedule assigns to ``step`` into :attr:`sampler` (if not already there)."""
         snap = self.ring.get(step)
         if self._loaded != snap.step:
-            self.sampler.load_state_dict(snap.state)
+            self.sampler.load_state_dict(snap.tensors())
             self._loaded = snap.step
         return snap
 
     def sync_engine(self, snap: Snapshot) -> None:
         """Load snapshot ``snap``'s weights into the vLLM engine in place, once per snapshot."""
         if self.engine is not None and self._engine_step != snap.step:
-            self.engine.update_weights(snap.state, version=snap.version)
+            self.engine.update_weights(snap.tensors(), version=snap.version)
             self._engine_step = snap.step
 
     def sample(self, *, step: int, prompts: list[str]) -> Rollouts:
@@ -292,7 +434,8 @@ class LagSampler:
         self._loaded = self._engine_step = None
 
     def close(self) -> None:
-        """Stop the vLLM engine, if any."""
+        """Stop the vLLM engine, if any, and delete the ring's spilled snapshot files."""
+        self.ring.close()
         if self.engine is not None:
             self.engine.close()
 

@@ -234,6 +234,12 @@ class RuntimeConfig(_Section):
                            "version that produced it (PipelineRL, AReaL). False: weights change only between calls.")
     stall_timeout_s: float = Field(600.0, gt=0, le=1e6, description="local/ray: the learner gives up with an error "
                                    "after waiting this long for a batch with no group arriving.")
+    snapshot_memory_gb: float | None = Field(None, gt=0, le=1 << 20, description="lag: RAM for the ring of stale "
+                                             "weights (lag+1 copies in the model's dtype); copies past it go to "
+                                             "runtime.snapshot_dir as memory-mapped safetensors. None: half the RAM "
+                                             "available at start. A ring that fits neither is an error before step 0.")
+    snapshot_dir: Path | None = Field(None, description="lag: where snapshots past snapshot_memory_gb are written "
+                                      "(None: <out_dir>/snapshots; deleted as the ring moves on).")
     ray_address: str | None = Field(None, description="ray: address of an existing cluster (e.g. 'ray://head:10001' "
                                     "or 'auto'); None starts a local Ray with num_cpus = samplers + 1, no dashboard.")
 
