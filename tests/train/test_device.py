@@ -130,3 +130,22 @@ def test_the_learner_runs_on_the_gpu(tiny_overrides: list[str], tmp_path: Path) 
     out = tmp_path / "cuda"
     assert main([*tiny_overrides, "device=cuda", "precision=bf16-mixed", "steps=3", "lag=1", f"out_dir={out}"]) == 0
     assert len([r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]) == 3
+
+
+def test_a_prompt_plus_budget_past_the_models_positions_is_one_line_before_step_0(
+    tiny_overrides: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tiny model has 512 positions; chain_sum prompts are ~6 characters: a 510-token budget cannot fit."""
+    out = tmp_path / "long"
+    code = main([*tiny_overrides, "sampling.max_new_tokens=510", "steps=1", f"out_dir={out}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "exceeds the model's max_position_embeddings (512)" in err and "sampling.max_new_tokens" in err
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_an_unavailable_gpu_is_one_line(tiny_overrides: list[str], tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    assert main([*tiny_overrides, "device=cuda", "steps=1", f"out_dir={tmp_path / 'gpu'}"]) == 2
+    assert "no CUDA GPU is visible to PyTorch here; use device=cpu or auto" in capsys.readouterr().err

@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
     from steadyrl.rollout.vllm_engine import VLLMUnavailableError
+    from steadyrl.runtime.lag import SnapshotMemoryError
     from steadyrl.tasks import ChatTemplateError, DatasetError
     from steadyrl.tasks.types import MissingFileError
-    from steadyrl.train.loop import RunDirError
+    from steadyrl.train.device import DeviceError
+    from steadyrl.train.loop import ContextLengthError, RunDirError
 
     if cfg.runtime.mode == "ray":  # before the model loads: a missing Ray is one line, not a traceback
         try:
@@ -137,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         result = run(cfg)
-    except (RunDirError, VLLMUnavailableError, MissingFileError, DatasetError, ChatTemplateError) as err:
+    except (RunDirError, VLLMUnavailableError, MissingFileError, DatasetError, ChatTemplateError, DeviceError,
+            ContextLengthError, SnapshotMemoryError) as err:  # fmt: skip
         print(f"steadyrl train: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

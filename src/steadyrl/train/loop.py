@@ -281,6 +281,32 @@ def _write_config(cfg: TrainConfig) -> None:
     tmp.replace(path)
 
 
+class ContextLengthError(ValueError):
+    """The longest prompt plus the response budget exceeds the model's positions (raised before step 0)."""
+
+
+def check_context_length(cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, problems: Sequence[Problem]) -> None:
+    """Refuse a run whose longest prompt + response budget exceeds ``model.config.max_position_embeddings``.
+
+    The budget is ``sampling.max_new_tokens`` (``tools.max_total_tokens`` with tools on). Past its positions a
+    model with learned position embeddings fails mid-run and a RoPE model is scored where it was never trained;
+    either way the fix is in the config, so it is named before anything is sampled.
+    """
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int) or not problems:
+        return
+    budget = cfg.tools.max_total_tokens if cfg.tools.enabled else cfg.sampling.max_new_tokens
+    lengths = [len(ids) for ids in tokenizer([p.prompt for p in problems])["input_ids"]]
+    longest = max(lengths)
+    if longest + budget > limit:
+        key = "tools.max_total_tokens" if cfg.tools.enabled else "sampling.max_new_tokens"
+        raise ContextLengthError(
+            f"the longest prompt ({longest} tokens, of {len(problems)} train and eval problems) plus {key}={budget} "
+            f"exceeds the model's max_position_embeddings ({limit}): lower {key} to at most {limit - longest}, "
+            "choose shorter problems (task.*), or a model with a longer context"
+        )
+
+
 class _Run:
     """The state of one run (built once, then stepped)."""
 
@@ -312,11 +338,12 @@ class _Run:
         )
         record_entropy = any(c.type == "estr" for c in self.method.corrections)
         self.pool: list[Problem] = self.task.problems("train", cfg.data.train_pool, seed=cfg.seed)
+        self.eval_set: list[Problem] = self.task.problems("eval", cfg.eval.n, seed=cfg.seed)
+        check_context_length(cfg, model=self.model, tokenizer=self.tokenizer, problems=[*self.pool, *self.eval_set])
         self.source = make_source(
             cfg, model=self.model, tokenizer=self.tokenizer, task=self.task, train_pool=self.pool,
             record_entropy=record_entropy,
         )  # fmt: skip
-        self.eval_set: list[Problem] = self.task.problems("eval", cfg.eval.n, seed=cfg.seed)
         self.guard = CollapseGuard(
             cfg.guard, out_dir=Path(cfg.out_dir), model=self.model, learner=self.learner, base_lr=cfg.lr, say=_say
         )
