@@ -1,13 +1,18 @@
-"""generate(): behavior log-probs, KV cache, determinism, EOS and masks, left padding."""
+"""generate(): behavior log-probs, KV cache, determinism, EOS and masks, left padding, row compaction, the
+preallocated KV cache."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
+from steadyrl.rollout import sampler
 from steadyrl.rollout.logprobs import sequence_logprobs
-from steadyrl.rollout.sampler import generate, stop_token_ids
+from steadyrl.rollout.sampler import PreallocatedLayer, expand_prefill_cache, generate, stop_token_ids
 from tests.rollout.test_distribution import reference_log_probs
 
 PROMPTS = ["12+34=", "5-7=", "1+2+30-4=", "9="]  # different lengths: left padding is exercised
@@ -160,3 +165,113 @@ def test_the_generation_configs_end_of_turn_tokens_stop_by_default(
     explicit = sample(model, tokenizer, max_new_tokens=6, eos_token_ids=[eos, *extra])
     assert torch.equal(by_default.response_mask, explicit.response_mask) and by_default.texts == explicit.texts
     assert len(set(by_default.response_mask.sum(-1).tolist())) > 1  # the extra tokens ended rows early
+
+
+#: Stop tokens that make rows of the random test model end at different steps (so compaction happens).
+MANY_STOPS = list("0123456789+-=abcdefghij")
+
+
+def _state_after(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, **kwargs: object):
+    g = torch.Generator().manual_seed(5)
+    options = {"group_size": G, "max_new_tokens": MAX_NEW, "version": 0, "record_entropy": True} | kwargs
+    r = generate(model, tokenizer, PROMPTS, generator=g, **options)
+    return r, g.get_state()
+
+
+def test_row_compaction_draws_the_tokens_of_the_full_batch(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dropping ended rows from the forward changes neither the tokens, μ, the entropies nor the generator's state."""
+    stops = tokenizer.convert_tokens_to_ids(MANY_STOPS)
+    monkeypatch.setattr(sampler, "COMPACT_BELOW", 0.0)  # never compact
+    full, full_state = _state_after(model, tokenizer, eos_token_ids=stops)
+    monkeypatch.setattr(sampler, "COMPACT_BELOW", 1.0)  # compact as soon as one row ended
+    forward_rows: list[int] = []
+    forward = model.forward
+
+    @functools.wraps(forward)  # keeps the signature: the sampler reads the cache argument's name from it
+    def counting_forward(*args: object, **kwargs: object):
+        forward_rows.append(int(kwargs["input_ids"].shape[0]))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting_forward)
+    compact, compact_state = _state_after(model, tokenizer, eos_token_ids=stops)
+    monkeypatch.undo()
+    assert len(set(forward_rows[1:])) > 1, "rows should have left the forward"  # [0] is the prefill
+    assert torch.equal(full.response_ids, compact.response_ids)
+    assert torch.equal(full.response_mask, compact.response_mask)
+    torch.testing.assert_close(compact.behav_logp, full.behav_logp, atol=1e-5, rtol=0)  # smaller batch, other rounding
+    torch.testing.assert_close(compact.behav_entropy, full.behav_entropy, atol=1e-5, rtol=0)
+    assert torch.equal(full_state, compact_state)
+    # ... and μ is still the learner's recompute at T = 1
+    logp, _ = sequence_logprobs(model, compact)
+    torch.testing.assert_close(logp, compact.behav_logp, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_preallocated_cache_gives_the_dynamic_caches_tokens(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch, top_p: float
+) -> None:
+    """The preallocated KV cache (buffers grown from 2 free positions, so they double twice) samples what the
+    ``DynamicCache`` samples, with and without compaction."""
+    stops = tokenizer.convert_tokens_to_ids(MANY_STOPS[:6])
+    dynamic, dynamic_state = _state_after(model, tokenizer, eos_token_ids=stops, top_p=top_p)
+    monkeypatch.setattr(sampler, "PREALLOCATE_MIN_NEW_TOKENS", 1)
+    monkeypatch.setattr(sampler, "INITIAL_ROOM", 2)
+    built: list[Cache] = []
+    expand = sampler.expand_prefill_cache
+
+    def recording_expand(*args: object, **kwargs: object) -> Cache:
+        built.append(expand(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(sampler, "expand_prefill_cache", recording_expand)
+    pre, pre_state = _state_after(model, tokenizer, eos_token_ids=stops, top_p=top_p)
+    assert built and all(isinstance(layer, PreallocatedLayer) for layer in built[0].layers)
+    assert torch.equal(dynamic.response_ids, pre.response_ids) and torch.equal(dynamic_state, pre_state)
+    torch.testing.assert_close(pre.behav_logp, dynamic.behav_logp, atol=1e-5, rtol=0)
+
+
+def test_preallocated_layer_returns_what_a_dynamic_layer_returns() -> None:
+    """Prefill of 2 rows repeated 3 times, 5 single-token updates (growing from 1 free position), a row selection."""
+    g = torch.Generator().manual_seed(0)
+    prefill_k, prefill_v = torch.randn(2, 2, 4, 8, generator=g), torch.randn(2, 2, 4, 8, generator=g)
+    dynamic = DynamicLayer()
+    dynamic.update(prefill_k, prefill_v)
+    dynamic.batch_repeat_interleave(3)
+    source = DynamicLayer()
+    source.update(prefill_k, prefill_v)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sampler, "INITIAL_ROOM", 1)
+        layer = PreallocatedLayer.from_prefill(source, repeats=3, capacity=4 + 5)
+    assert layer.keys.shape[2] == 5  # the prefill + INITIAL_ROOM, not the capacity
+    for step in range(5):
+        if step == 3:
+            rows = torch.tensor([0, 2, 5])
+            dynamic.batch_select_indices(rows)
+            layer.batch_select_indices(rows)
+        assert layer.get_mask_sizes(1) == dynamic.get_mask_sizes(1)
+        k, v = torch.randn(dynamic.keys.shape[0], 2, 1, 8, generator=g), torch.randn(dynamic.keys.shape[0], 2, 1, 8)
+        want_k, want_v = dynamic.update(k, v)
+        got_k, got_v = layer.update(k, v)
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+        assert layer.get_seq_length() == dynamic.get_seq_length() == 4 + step + 1
+    assert layer.get_max_length() == 9
+    with pytest.raises(RuntimeError, match="KV cache full"):
+        layer.update(k, v)
+
+
+def test_expand_prefill_cache_keeps_a_sliding_window_cache() -> None:
+    """Only plain full-attention layers are preallocated; any other layer type keeps the DynamicCache, repeated."""
+    keys = torch.randn(2, 1, 3, 4)
+    plain = Cache(layers=[DynamicLayer(), DynamicLayer()])
+    sliding = Cache(layers=[DynamicLayer(), DynamicSlidingWindowLayer(sliding_window=8)])
+    for cache in (plain, sliding):
+        for i in range(2):
+            cache.update(keys, keys, i)
+    expanded = expand_prefill_cache(plain, repeats=2, capacity=10)
+    assert all(isinstance(layer, PreallocatedLayer) for layer in expanded.layers)
+    assert expanded.get_seq_length() == 3
+    kept = expand_prefill_cache(sliding, repeats=2, capacity=10)
+    assert kept is sliding and kept.layers[1].keys.shape[0] == 4
+    torch.testing.assert_close(kept.layers[0].keys, keys.repeat_interleave(2, dim=0))
