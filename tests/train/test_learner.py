@@ -225,3 +225,43 @@ def test_otb_gets_sum_p2_of_the_proximal_policy(model, batch, monkeypatch, updat
         assert (s["sum_p2"][~s["mask"]] == 0).all()
     assert (seen[0]["prox"] is None) == (updates == 1)
     assert float(want[rollouts.response_mask].min()) > 0.0 and float(want.max()) <= 1.0
+
+
+class _PoisonGrad:
+    """A controller that writes inf into one gradient entry (as a broken GAC projection would)."""
+
+    def before_step(self, *, optimizer, params, metrics):  # type: ignore[no-untyped-def]
+        params[0].grad.view(-1)[0] = float("inf")
+        return {}
+
+    def after_step(self, *, optimizer) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, None])
+def test_a_gradient_a_controller_made_non_finite_is_skipped(model, batch, grad_clip) -> None:  # type: ignore[no-untyped-def]
+    spec = resolve_method("seq_tis")
+    messages: list[str] = []
+    learner = Learner(model=model, method=spec, controllers=[_PoisonGrad()], lr=1e-2,
+                      optim=OptimConfig(grad_clip=grad_clip), log=messages.append)  # fmt: skip
+    before = _weights(model)
+    out = learner.step(*batch)
+    assert (out.applied, out.skipped) == (0, 1)
+    assert out.reasons == ["gradient is not finite after the controllers"]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_fused_adamw_trains_like_the_default_to_float32_rounding(model, batch) -> None:  # type: ignore[no-untyped-def]
+    import copy
+
+    twin = copy.deepcopy(model)
+    _learner(model).step(*batch)
+    _learner(twin, fused=True).step(*batch)
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0)

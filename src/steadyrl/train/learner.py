@@ -145,8 +145,9 @@ class Learner:
         if optim.activation_checkpointing:
             enable_activation_checkpointing(model)
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
-        )
+            self.params, lr=lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
+            **({"fused": True} if optim.fused else {}),
+        )  # fmt: skip
         self.version = 0
         self.prev_grad: Tensor | None = None
         self._gac_raw = next(
@@ -480,9 +481,12 @@ class Learner:
                 reason = "a controller asked to skip"
                 self.optimizer.zero_grad(set_to_none=True)
             else:
-                if self.optim_cfg.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.grad_clip)
-                if not all(torch.isfinite(p.grad).all() for p in self.params if p.grad is not None):
+                grads = [p.grad for p in self.params if p.grad is not None]
+                if self.optim_cfg.grad_clip is not None:  # its total norm is also the finiteness check below
+                    total = torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.grad_clip)
+                else:
+                    total = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+                if not math.isfinite(float(total)):  # a NaN or inf element makes the norm non-finite
                     metrics["train/skipped"] = 1.0
                     reason = self._skip("gradient is not finite after the controllers")
                 elif not math.isfinite(metrics["lr"]):
