@@ -1,0 +1,81 @@
+"""``benchmarks/gpu_check.py`` at its CPU smoke size: warm start, ``steadyrl train`` in bf16-mixed at lag 0 with
+micro-batches, and the printed and JSON fields (docs/scale.md, "GPU check"). Seconds on one CPU thread."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from steadyrl.models import build_char_tokenizer
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+#: Fields that hold a finite number in every run (the GPU-only ones are checked apart).
+NUMERIC = (
+    "parameters", "warm_start/steps", "warm_start/seconds", "warm_start/accuracy", "rl/seconds", "rl/steps",
+    "rl/learner_tokens_per_s", "rl/sampler_tokens_per_s", "rl/step_s_mean", "rl/microbatches_mean",
+    "rl/mismatch_kl_k3_mean", "rl/mismatch_kl_k3_max", "rl/mismatch_max_abs_dlogp_mean",
+    "rl/mismatch_max_abs_dlogp_max", "rl/eval_acc_first", "rl/eval_acc_last", "wall_seconds",
+)  # fmt: skip
+
+
+def _load_script() -> ModuleType:
+    """The benchmark script as a module (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def gpu_check() -> ModuleType:
+    return _load_script()
+
+
+def test_cpu_smoke_run_prints_and_writes_every_field(
+    gpu_check: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))  # the device machine's convention: $OUT/gpu_check.json
+    status = gpu_check.main(["--device", "cpu", "--size", "tiny", "--work-dir", str(tmp_path / "work")])
+    assert status == 0
+    fields = json.loads((tmp_path / "out" / gpu_check.JSON_NAME).read_text())
+    printed = capsys.readouterr().out
+    for key in NUMERIC:
+        assert isinstance(fields[key], (int, float)) and math.isfinite(fields[key]), (key, fields[key])
+        assert f"  {key} " in printed, key
+    size = gpu_check.SIZES["tiny"]
+    assert fields["rl/exit_status"] == 0 and fields["rl/steps"] == size.steps
+    assert fields["device"] == "cpu" and fields["precision"] == "bf16-mixed"
+    assert fields["rl/peak_memory_gib"] is None and fields["device_name"].startswith("cpu")
+    assert fields["parameters"] == 23_840  # hidden 32, 2 layers, MLP 64, 100 tied embeddings
+    # the budget is below the batch's tokens, so the learner micro-batched; bf16 at lag 0 logs mismatch/* every step
+    assert fields["rl/microbatches_mean"] > 1
+    assert fields["rl/mismatch_steps"] == size.steps
+    assert fields["rl/mismatch_kl_k3_max"] >= fields["rl/mismatch_kl_k3_mean"] >= 0
+    assert fields["rl/learner_tokens_per_s"] > 0 and fields["rl/sampler_tokens_per_s"] > 0
+    assert (tmp_path / "work" / "model" / "config.json").is_file()
+
+
+def test_gpu_size_is_85m_parameters(gpu_check: ModuleType) -> None:
+    """The GPU size's count from the Llama formula (no model is built): per layer 4·d² (attention) + 3·d·m (SwiGLU)
+    + 2·d (RMSNorms), a final RMSNorm, and the vocabulary's tied embedding."""
+    arch = gpu_check.SIZES["gpu"].arch
+    d, L, m = arch.hidden_size, arch.num_layers, arch.intermediate_size
+    vocab = len(build_char_tokenizer())
+    count = L * (4 * d * d + 3 * d * m + 2 * d) + d + vocab * d
+    assert (d, L, m, vocab) == (768, 12, 2048, 100) and count == 85_030_656
+    assert 50e6 <= count <= 100e6
+
+
+def test_gpu_size_microbatches_the_batch(gpu_check: ModuleType) -> None:
+    """The micro-batch budget is below the batch's padded tokens (rows × at least the 12 sampled tokens)."""
+    size = gpu_check.SIZES["gpu"]
+    assert size.microbatch_tokens < size.prompts_per_step * size.group_size * 12
+    assert size.steps == 30 and size.prompts_per_step == 64 and size.group_size == 8 and size.eval_every == 10
