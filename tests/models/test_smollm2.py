@@ -188,3 +188,25 @@ def test_sampler_stops_at_end_of_turn_and_learner_recompute_matches(policy: Poli
     logp = sequence_logprobs(model, rollouts, temperature=TEMPERATURE).logp.detach()  # lag 0: the same weights
     gap = (logp - rollouts.behav_logp).abs()[rollouts.response_mask]
     assert gap.max() <= LOGP_MAX_ATOL and gap.mean() <= LOGP_MEAN_ATOL
+
+
+@pytest.mark.slow
+def test_steadyrl_train_runs_smollm2_on_reasoning_gym_with_long_responses(smollm2_cache: Path, tmp_path: Path) -> None:
+    """The issue's acceptance run: 2 RL steps of the real instruct model on a reasoning-gym task rendered with its
+    chat template, 48-token budget, lag 0 (so the learner's log-probs are the sampler's to float32 rounding)."""
+    from steadyrl.train.entry import main
+    from steadyrl.train.metrics import read_metrics
+
+    out = tmp_path / "smol_rg"
+    args = [
+        "model.name=smollm2-135m-instruct", f"model.cache_dir={smollm2_cache}", "task=reasoning_gym",
+        "task.dataset=basic_arithmetic", "task.chat=true", "steps=2", "prompts_per_step=2", "group_size=2",
+        "sampling.max_new_tokens=48", "lag=0", "eval.n=2", "eval.every=0", "checkpoint.every=0", "log.plot=false",
+        "log.progress=false", "method=grpo", "lr=1e-6", "device=cpu", "runtime.threads=2", f"out_dir={out}",
+    ]  # fmt: skip
+    assert main(args) == 0
+    steps = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    assert len(steps) == 2 and all(r["train/skipped"] == 0 for r in steps)
+    assert max(r["response/len_mean"] for r in steps) > 8  # the chat model answers in sentences, not one token
+    for r in steps:  # lag 0: behav_logp is the learner's own distribution up to float32 rounding over 30 layers
+        assert abs(r["kl/k3"]) < 1e-4 and r["kl/max_abs_logp_diff"] < 1e-3
