@@ -44,6 +44,7 @@ Usage::
 
     .venv/bin/python benchmarks/peer_trl.py                       # --steps 6 --tokens 12,48 --free 12 --repeats 2
     .venv/bin/python benchmarks/peer_trl.py --quick               # smoke test: 3 steps, 12 tokens, 1 repeat
+    .venv/bin/python benchmarks/peer_trl.py --quick --tiny        # ... on a random tiny model (no warm start)
 """
 
 from __future__ import annotations
@@ -376,34 +377,31 @@ def report(results: dict[Setting, dict[str, Summary]], *, params: int, prompt_le
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run (the first is dropped)")
-    parser.add_argument("--tokens", default="12,48", help="response budgets (comma-separated)")
-    parser.add_argument(
-        "--free",
-        default=str(TrainConfig().sampling.max_new_tokens),
-        help="budgets in --tokens that stop at EOS; the others are forced to full length",
-    )
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each trainer per budget, alternating")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="smoke test: 3 steps, 12 tokens, 1 repeat")
-    args = parser.parse_args()
-    if args.quick:
-        args.steps, args.tokens, args.repeats = 3, "12", 1
-    if args.steps < 2:
-        parser.error("--steps must be >= 2 (the first step of each run is dropped)")
+def tiny_model_dir(dst: Path, *, seed: int) -> Path:
+    """A randomly initialized tiny Llama (hidden 32, 2 layers) with the character tokenizer, saved to ``dst``: the
+    smoke test's model (seconds instead of the default model's warm start on a fresh cache)."""
+    from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    arch = TinyArchConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    build_tiny_model(arch, tokenizer=tokenizer, seed=seed).save_pretrained(dst)
+    tokenizer.save_pretrained(dst)
+    return dst
+
+
+def run(args: argparse.Namespace) -> dict[Setting, dict[str, Summary]]:
+    """Measure every budget of ``args`` (see :func:`main`); prints one line per run, then the tables."""
     torch.set_num_threads(1)
     lr = TrainConfig().lr
     task = build_task(ChainSumConfig())
     pool = task.problems("train", TRAIN_POOL, seed=args.seed)
-    base = default_model_dir(args.seed)
-    params = count_params(base)
-    prompt_len = prompt_tokens(base, pool[:1024])
     peaks = [matmul_peak()]
     results: dict[Setting, dict[str, Summary]] = {}
     with tempfile.TemporaryDirectory(prefix="peer_trl-") as tmp:
         work = Path(tmp)
+        base = tiny_model_dir(work / "tiny-model", seed=args.seed) if args.tiny else default_model_dir(args.seed)
+        params = count_params(base)
+        prompt_len = prompt_tokens(base, pool[:1024])
         forced_dir = forced_length_copy(base, work / "forced-model")
         free = {int(t) for t in args.free.split(",") if t}
         for tokens in (int(t) for t in args.tokens.split(",")):
@@ -414,7 +412,28 @@ def main() -> None:
             results[setting] = {name: summarize(t) for name, t in times.items()}
     print()
     print(report(results, params=params, prompt_len=prompt_len, peak=max(peaks)))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run (the first is dropped)")
+    parser.add_argument("--tokens", default="12,48", help="response budgets (comma-separated)")
+    parser.add_argument("--free", default=str(TrainConfig().sampling.max_new_tokens),
+                        help="budgets in --tokens that stop at EOS; the others are forced to full length")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each trainer per budget, alternating")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smoke test: 3 steps, 12 tokens, 1 repeat")
+    parser.add_argument("--tiny", action="store_true", help="a random tiny model instead of the warm-started default")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.tokens, args.repeats = 3, "12", 1
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (the first step of each run is dropped)")
+    run(args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

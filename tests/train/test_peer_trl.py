@@ -1,0 +1,47 @@
+"""``benchmarks/peer_trl.py`` on a random tiny model: both trainers run, the forced budget makes both generate exactly
+``budget`` tokens per row, and every reported time is a positive finite number (docs/scale.md, "Speed against TRL on
+the CPU")."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "peer_trl.py"
+
+
+def _load_script() -> ModuleType:
+    """The benchmark script as a module (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location("peer_trl", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # NamedTuples look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_tiny_run_measures_both_trainers_on_equal_token_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("trl", reason="TRL is the peer being measured")
+    peer = _load_script()
+    args = argparse.Namespace(steps=2, tokens="3,5", free="3", repeats=1, seed=0, tiny=True)
+    results = peer.run(args)
+    printed = capsys.readouterr().out
+    assert [(s.tokens, s.forced) for s in results] == [(3, False), (5, True)]
+    rows = peer.PROMPTS * peer.GROUP
+    for setting, pair in results.items():
+        assert set(pair) == {"steadyrl", "trl"}
+        for summary in pair.values():
+            assert summary.n == 1  # 2 steps, the first dropped
+            for value in (summary.step_s, summary.gen_s, summary.learn_s, summary.step_cpu, summary.gen_cpu):
+                assert math.isfinite(value) and value > 0
+            assert summary.tokens <= rows * setting.tokens
+        if setting.forced:  # the stop token is outside the vocabulary: every row runs to the budget on both sides
+            assert pair["steadyrl"].tokens == pair["trl"].tokens == rows * setting.tokens
+    assert "ratio" in printed and "5 forced" in printed and "learner %peak" in printed
