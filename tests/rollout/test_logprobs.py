@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
@@ -69,3 +70,38 @@ def test_empty_responses(model: PreTrainedModel, tokenizer: PreTrainedTokenizerF
     empty = TokenBatch(tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids[:, :0], tokens.response_mask[:, :0])
     logp, entropy = sequence_logprobs(model, empty, return_entropy=True)
     assert logp.shape == (tokens.prompt_ids.shape[0], 0) and entropy is not None and entropy.shape == logp.shape
+
+
+def _float64_rms_norm(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    x = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    return self.weight * x
+
+
+def test_shared_prompts_give_the_one_pass_log_probs_and_gradient(
+    tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each distinct prompt forwarded once, its responses against its cache: float64-equal to the one-pass forward
+    (values and gradient), also with tool-output tokens attended inside a response and with ragged prompts."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    monkeypatch.setattr(LlamaRMSNorm, "forward", _float64_rms_norm)  # transformers' own rounds to float32
+    model = build_tiny_model(TEST_ARCH, tokenizer=tokenizer, seed=1).double()
+    tokens = batch(model, tokenizer)
+    tool = torch.zeros_like(tokens.response_mask)
+    tool[0, 1:3] = tokens.response_mask[0, 1:3]  # two "tool" tokens: attended, not scored
+    tokens = TokenBatch(tokens.prompt_ids, tokens.prompt_mask, tokens.response_ids,
+                        tokens.response_mask & ~tool, tool)  # fmt: skip
+    seen: list[int] = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    shared = sequence_logprobs(model, tokens, share_prompts=True).logp
+    hook.remove()
+    assert seen == [2, 6]  # 2 distinct prompts forwarded, then the 6 responses
+    plain = sequence_logprobs(model, tokens).logp
+    torch.testing.assert_close(shared, plain, atol=1e-12, rtol=0)
+    weights = torch.randn(plain.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    (plain * weights).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    (shared * weights).sum().backward()
+    for got, p in zip(expected, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, got, atol=1e-12, rtol=1e-10)

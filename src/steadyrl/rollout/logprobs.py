@@ -23,12 +23,12 @@ from typing import Any, Literal, NamedTuple, overload
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from steadyrl.core.advantages.otb import sum_squared_probs
 from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
 from steadyrl.rollout.rollouts import TokenBatchLike, attention_mask
-from steadyrl.rollout.sampler import positions_from_mask
+from steadyrl.rollout.sampler import cache_kwarg, positions_from_mask
 
 
 class SequenceLogprobs(NamedTuple):
@@ -49,14 +49,14 @@ class SequenceLogprobsHidden(NamedTuple):
 @overload
 def sequence_logprobs(
     model: PreTrainedModel, batch: TokenBatchLike, *, temperature: float = ..., top_k: int = ..., top_p: float = ...,
-    return_entropy: bool = ..., return_hidden: Literal[False] = ...,
+    return_entropy: bool = ..., return_hidden: Literal[False] = ..., share_prompts: bool = ...,
 ) -> SequenceLogprobs: ...  # fmt: skip
 
 
 @overload
 def sequence_logprobs(
     model: PreTrainedModel, batch: TokenBatchLike, *, temperature: float = ..., top_k: int = ..., top_p: float = ...,
-    return_entropy: bool = ..., return_hidden: Literal[True],
+    return_entropy: bool = ..., return_hidden: Literal[True], share_prompts: bool = ...,
 ) -> SequenceLogprobsHidden: ...  # fmt: skip
 
 
@@ -69,6 +69,7 @@ def sequence_logprobs(
     top_p: float = 1.0,
     return_entropy: bool = False,
     return_hidden: bool = False,
+    share_prompts: bool = False,
 ) -> SequenceLogprobs | SequenceLogprobsHidden:
     """log π(y_t | x, y_<t) for every response token (gradient flows when called under grad).
 
@@ -80,6 +81,9 @@ def sequence_logprobs(
         return_entropy: also return H_t = −Σ_v π(v) log π(v) of the same distribution at each response position.
         return_hidden: also return the final hidden states of the positions that predict the response tokens (same
             forward, ``output_hidden_states=True``; the critic of ``steadyrl.train.critic`` reads them).
+        share_prompts: run each distinct prompt once (:func:`_shared_prompt_log_probs`; G responses per prompt
+            cost one prompt forward instead of G), when some rows share a prompt and ``return_hidden`` is off.
+            The same values as the one-pass forward up to float rounding, gradient included.
 
     Returns:
         :class:`SequenceLogprobs` (unpacks as ``logp, entropy``); both float32 and 0 at padding. With
@@ -95,7 +99,11 @@ def sequence_logprobs(
             hidden0 = torch.zeros(N, 0, model.config.hidden_size, device=empty.device, dtype=model.dtype)
             return SequenceLogprobsHidden(empty, entropy0, hidden0)
         return SequenceLogprobs(empty, entropy0)
-    log_probs, out = _response_log_probs(model, batch, params=params, return_hidden=return_hidden)
+    shared = _shared_prompt_log_probs(model, batch, params=params) if share_prompts and not return_hidden else None
+    if shared is not None:
+        log_probs, out = shared, None
+    else:
+        log_probs, out = _response_log_probs(model, batch, params=params, return_hidden=return_hidden)
     logp = _masked(_token_logp(log_probs, batch), response_mask)
     entropy = _masked(entropy_from_log_probs(log_probs), response_mask) if return_entropy else None
     if return_hidden:
@@ -124,6 +132,65 @@ def _response_log_probs(
     )
     logits = out.logits[:, :-1]  # position P−1+t predicts response token t: [N, T, V]
     return sampling_log_probs(logits, params=params), out
+
+
+def _checkpointing(model: PreTrainedModel) -> bool:
+    """Whether transformers' gradient (activation) checkpointing is on (its attribute was renamed in 5.x)."""
+    new = "is_activation_checkpointing"
+    return bool(getattr(model, new if hasattr(type(model), new) else "is_gradient_checkpointing", False))
+
+
+def _shared_prompt_log_probs(
+    model: PreTrainedModel, batch: TokenBatchLike, *, params: SamplingParams
+) -> Float[Tensor, "N T V"] | None:
+    """:func:`_response_log_probs` with each distinct prompt forwarded once; None when no two rows share one.
+
+    1. The U distinct (prompt ids, prompt mask) rows are forwarded once, with a KV cache, keeping the last logits
+       (which predict response token 0);
+    2. the cache is indexed back to the N rows (``batch_select_indices``: an indexing op, so the gradient of every
+       row flows into its prompt's keys and values);
+    3. the responses are forwarded against it, with the rollout's attention mask and positions over
+       ``[prompt; response]`` (as :func:`_response_log_probs`); position t predicts token t + 1.
+
+    Causal attention makes the prompt's states independent of the response, so this is the same function of the
+    weights as the one-pass forward (GRPO's G responses per prompt: the prompt costs 1/G). Not under gradient
+    checkpointing in training mode (transformers then disables the cache).
+    """
+    if _checkpointing(model) and model.training:
+        return None  # transformers turns the KV cache off under gradient checkpointing: no cache to share
+    P = batch.prompt_ids.shape[1]
+    key = torch.where(batch.prompt_mask.bool(), batch.prompt_ids, torch.full_like(batch.prompt_ids, -1))
+    unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if unique.shape[0] == key.shape[0] or P == 0:
+        return None
+    rows = torch.arange(key.shape[0], device=key.device)
+    first = torch.zeros(unique.shape[0], dtype=torch.long, device=key.device).scatter_(0, inverse, rows)  # one row each
+    p_ids, p_mask = batch.prompt_ids[first], batch.prompt_mask.bool()[first]
+    cache = DynamicCache(config=model.config)
+    prefill = model(
+        input_ids=p_ids,
+        attention_mask=p_mask.long(),
+        position_ids=positions_from_mask(p_mask),
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_kwarg(model): cache},
+    )
+    first_logits = prefill.logits[inverse, -1:]  # [N, 1, V]: predicts response token 0
+    T = batch.response_ids.shape[1]
+    if T == 1:
+        return sampling_log_probs(first_logits, params=params)
+    cache.batch_select_indices(inverse)
+    mask = attention_mask(batch)[:, : P + T - 1]  # tokens 0..T−2 are inputs; the last is only predicted
+    out = model(
+        input_ids=batch.response_ids[:, : T - 1],
+        attention_mask=mask.long(),
+        position_ids=positions_from_mask(mask)[:, P:],
+        use_cache=True,
+        logits_to_keep=T - 1,
+        **{cache_kwarg(model): cache},
+    )
+    logits = torch.cat([first_logits, out.logits], dim=1)  # position P−1+t predicts response token t: [N, T, V]
+    return sampling_log_probs(logits, params=params)
 
 
 def _token_logp(log_probs: Float[Tensor, "N T V"], batch: TokenBatchLike) -> Float[Tensor, "N T"]:

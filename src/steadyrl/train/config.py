@@ -165,6 +165,9 @@ class OptimConfig(_Section):
                                           "(rows × padded prompt+response length); the optimizer step's batch is "
                                           "split into micro-batches that fit and the gradient is accumulated exactly "
                                           "(steadyrl.train.microbatch; docs/scale.md). None: one pass.")
+    share_prompts: bool = Field(True, description="Learner forwards run each distinct prompt once and its G "
+                                "responses against its KV cache (steadyrl.rollout.logprobs; the same log-probs and "
+                                "gradient up to float rounding). False: one forward over [prompt; response] per row.")
     fused: bool = Field(False, description="PyTorch's fused AdamW kernel (CPU and CUDA): 3.5× faster on 135M "
                         "parameters on the CPU (docs/scale.md), equal to the default for-loop AdamW to ~2e-7 but not "
                         "bit for bit (the shipped results were measured with false).")

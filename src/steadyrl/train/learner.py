@@ -3,7 +3,8 @@
 One learner step consumes one batch of rollouts (prompts_per_step × G responses with rewards) and runs
 ``updates_per_batch`` passes of ``minibatches`` optimizer steps over it (1 × 1 by default). Each optimizer step:
 
-1. ``logp`` ← forward of π_θ over [prompt; response] (with gradient), at the sampler's temperature;
+1. ``logp`` ← forward of π_θ over [prompt; response] (with gradient), at the sampler's temperature; each distinct
+   prompt runs once and its G responses against its KV cache (``optim.share_prompts``, on by default);
 2. ``loss, metrics = compute_loss(method, batch)`` with the batch keys the method needs (``required_inputs``);
 3. a non-finite loss skips the step (no backward); otherwise ``backward``;
 4. ``grad/norm`` = ‖g‖ of the raw gradient and ``grad/cos_prev`` = cos(g_t, g_{t−1}) (0 at the first step), for
@@ -257,7 +258,8 @@ class Learner:
         return tuple(scatter_rows([(rows, out[k]) for rows, out in parts], like=like) for k in range(n_out))
 
     def _logp(self, model: nn.Module, batch: Rollouts) -> Tensor:
-        return sequence_logprobs(model, batch, temperature=self.temperature).logp
+        share = self.optim_cfg.share_prompts
+        return sequence_logprobs(model, batch, temperature=self.temperature, share_prompts=share).logp
 
     def _batch(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], logp: Tensor,
@@ -390,7 +392,8 @@ class Learner:
                     )
                 norms.append((rows, n.detach()))
             with self._forward_context(grad=False):
-                out = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=wants_hidden)
+                out = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=wants_hidden,
+                                        share_prompts=self.optim_cfg.share_prompts)  # fmt: skip
             logps.append((rows, out.logp))
             if wants_hidden:
                 hiddens.append((rows, out.hidden))  # type: ignore[union-attr]
@@ -426,7 +429,8 @@ class Learner:
             mb = sub.select(rows)
             width = mb.response_ids.shape[1]
             with self._forward_context(grad=True):
-                out = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=gh is not None)
+                out = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=gh is not None,
+                                        share_prompts=self.optim_cfg.share_prompts)  # fmt: skip
             tensors, grads = [], []
             if a is not None:
                 tensors.append(out.logp)
