@@ -145,7 +145,7 @@ class Summary(NamedTuple):
                 ),
                 *([f"  stopped by the collapse guard: {guard_stop}"] if guard_stop else []),
                 f"  metrics: {out_dir / METRICS_FILE}",
-                f"  plot:    {out_dir / PLOT_FILE}",
+                *([f"  plot:    {out_dir / PLOT_FILE}"] if cfg.log.plot else []),
                 f"  config:  {out_dir / CONFIG_FILE}",
             ]
         )
