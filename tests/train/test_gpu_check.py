@@ -3,18 +3,16 @@ micro-batches, and the printed and JSON fields (docs/scale.md, "GPU check"). Sec
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from steadyrl.models import build_char_tokenizer
+from tests.benchmark_scripts import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 #: Fields that hold a finite number in every run (the GPU-only ones are checked apart).
 NUMERIC = (
     "parameters", "warm_start/steps", "warm_start/seconds", "warm_start/accuracy", "rl/seconds", "rl/steps",
@@ -25,13 +23,7 @@ NUMERIC = (
 
 
 def _load_script() -> ModuleType:
-    """The benchmark script as a module (benchmarks/ is no package)."""
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_check")
 
 
 @pytest.fixture(scope="module")

@@ -5,25 +5,16 @@ the CPU")."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "peer_trl.py"
+from tests.benchmark_scripts import load_benchmark
 
 
 def _load_script() -> ModuleType:
-    """The benchmark script as a module (benchmarks/ is no package)."""
-    spec = importlib.util.spec_from_file_location("peer_trl", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # NamedTuples look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("peer_trl")
 
 
 @pytest.mark.slow
