@@ -138,3 +138,30 @@ def test_a_plan_covers_every_row_once_within_the_budget(lengths: list[tuple[int,
     for part in plan:
         width = max(lengths[i][0] for i in part.tolist()) + max(lengths[i][1] for i in part.tolist())
         assert len(part) == 1 or len(part) * width <= budget
+
+
+def test_a_critic_that_trains_the_trunk_gets_its_hidden_state_gradient_through_the_micro_batches(
+    model64, batch
+) -> None:  # type: ignore[no-untyped-def]
+    """COPC with ``critic.trunk_grad``: ∂L/∂hidden flows back through pass 2 (a random head, so it is not zero)."""
+    from steadyrl.train.critic import CriticConfig
+
+    def grad(trunk: bool, **optim: object) -> torch.Tensor:
+        model = copy.deepcopy(model64)
+        spec = resolve_method("copc")
+        learner = Learner(
+            model=model, method=spec, controllers=build_controllers(spec), lr=1e-3, optim=OptimConfig(**optim),
+            critic=CriticConfig(trunk_grad=trunk), log=lambda _: None,
+        )  # fmt: skip
+        assert learner.critic is not None
+        with torch.no_grad():  # the head starts at zero (V ≡ 0): give it weights so ∂L_V/∂hidden ≠ 0
+            for p in learner.critic.head.parameters():
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3), dtype=p.dtype))
+        assert learner.step(*batch).skipped == 0
+        assert learner.prev_grad is not None
+        return learner.prev_grad.clone()
+
+    full, detached = grad(True), grad(False)
+    assert float((full - detached).norm() / full.norm()) > 0.1  # the trunk term is there
+    for budget in _budgets(batch[0]).values():
+        assert float((grad(True, microbatch_tokens=budget) - full).norm() / full.norm()) < 1e-10
