@@ -24,6 +24,11 @@ Version = number of optimizer steps applied (skipped ones do not count); the lag
 Metrics of the optimizer steps of one learner step are aggregated: keys ending in ``max`` by max, ``min`` by min,
 ``time/*`` by sum, the rest by mean.
 
+Device and precision come from one :class:`~steadyrl.train.device.Placement` (batches are moved to its device, every
+forward runs under its autocast). With ``optim.microbatch_tokens`` an optimizer step whose batch exceeds the budget
+runs :mod:`steadyrl.train.microbatch`'s three passes instead of step 1's one forward: the loss still sees the whole
+batch, and the accumulated gradient is the one-pass gradient (metric ``train/microbatches``).
+
 COPC critic (:mod:`steadyrl.train.critic`): when the method needs ``values``, step 1's forward also returns the final
 hidden states, the value head turns them into V(s_t) (the batch's ``values``, detached), and the value loss
 value_coef · ½ · masked mean (V − target)² (targets: COPC's V + Â of the same values) is added to the loss of step 3;
@@ -150,6 +155,7 @@ class Learner:
             **({"fused": True} if optim.fused else {}),
         )  # fmt: skip
         self.version = 0
+        self._prox_version: int | None = None  # version at which this step's π_prox was recomputed (None: not)
         self.prev_grad: Tensor | None = None
         self._gac_raw = next(
             (c for c in self.controllers if isinstance(c, GradientAlignmentController) and c.spec.prev == "raw"), None
@@ -194,7 +200,7 @@ class Learner:
         rollouts, rewards = rollouts.to(device), rewards.to(device)
         n_updates = self.optim_cfg.updates_per_batch * self.optim_cfg.minibatches
         prox = sum_p2 = None
-        self._prox_version: int | None = None
+        self._prox_version = None
         if "sum_p2" in self.needs:  # OTB: Σ_v π_v² of π_prox, from the pass that also gives π_prox
             logp_all, sum_p2 = self._no_grad(
                 rollouts, lambda mb: proximal_logprobs(self.model, mb, temperature=self.temperature)
