@@ -168,9 +168,9 @@ class OptimConfig(_Section):
     share_prompts: bool = Field(True, description="Learner forwards run each distinct prompt once and its G "
                                 "responses against its KV cache (steadyrl.rollout.logprobs; the same log-probs and "
                                 "gradient up to float rounding). False: one forward over [prompt; response] per row.")
-    fused: bool = Field(False, description="PyTorch's fused AdamW kernel (CPU and CUDA): 3.5× faster on 135M "
-                        "parameters on the CPU (docs/scale.md), equal to the default for-loop AdamW to ~2e-7 but not "
-                        "bit for bit (the shipped results were measured with false).")
+    fused: bool = Field(False, description="PyTorch's fused AdamW kernel (CPU and CUDA): 2.7× faster on 135M "
+                        "parameters on one CPU thread (benchmarks/cpu_kernels.py, docs/scale.md), equal to the default "
+                        "for-loop AdamW to ~2e-7 but not bit for bit (the shipped results were measured with false).")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in the "
                                            "backward instead of storing them (transformers gradient checkpointing, "
                                            "non-reentrant): less memory, about one more forward of time.")
