@@ -423,3 +423,17 @@ def parse_command_line(
         else:
             raise ConfigError(f"more than one {kind} file: {str(path)!r} and {arg!r}; other settings are key=value")
     return path, overrides, flagged
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "", *, opaque: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A nested config as ``{"a.b.c": value}``; mappings under a key in ``opaque``, and empty mappings, stay values.
+
+    One flattening for comparing configs (a resume's changed keys) and for trackers' flat parameters."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and key not in opaque:
+            out |= flatten(value, f"{name}.", opaque=opaque)
+        else:
+            out[name] = value
+    return out

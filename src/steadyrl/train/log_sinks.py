@@ -40,6 +40,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from steadyrl.train.configio import flatten
+
 if TYPE_CHECKING:
     from steadyrl.train.config import LogConfig
 
@@ -97,13 +99,9 @@ def mlflow_key(key: str) -> str:
 def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested config → ``{"a.b.c": str(value)}`` (lists and None as JSON), the MLflow params of a run."""
     out: dict[str, str] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out |= flatten_config(value, f"{name}.")
-        else:
-            text = value if isinstance(value, str) else json.dumps(value)
-            out[name] = text[:MLFLOW_MAX_PARAM_VALUE]
+    for name, value in flatten(config, prefix).items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        out[name] = text[:MLFLOW_MAX_PARAM_VALUE]
     return out
 
 

@@ -46,6 +46,7 @@ from steadyrl.tasks import Problem, Task, build_task
 from steadyrl.tools import SandboxPool
 from steadyrl.train import checkpoint as ckpt
 from steadyrl.train.config import TrainConfig
+from steadyrl.train.configio import flatten
 from steadyrl.train.device import Placement
 from steadyrl.train.evaluate import EvalResult, evaluate
 from steadyrl.train.guard import GUARD_FILE, CollapseGuard
@@ -226,19 +227,8 @@ def _say(message: str) -> None:
     tqdm.write(message)
 
 
-def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and k != "options":
-            out |= _flat(v, f"{key}.")
-        else:
-            out[key] = v
-    return out
-
-
 def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    a, b = _flat(old), _flat(new)
+    a, b = flatten(old, opaque=("options",)), flatten(new, opaque=("options",))
     changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     return [k for k in changed if not any(k == r or k.startswith(r + ".") for r in RESUMABLE_KEYS)]
 
