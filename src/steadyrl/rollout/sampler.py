@@ -94,7 +94,8 @@ def encode_prompts(
 #: doubles them (at most log2(max_new_tokens / INITIAL_ROOM) copies instead of one concatenation per token).
 INITIAL_ROOM: int = 64
 #: Generations of at least this many new tokens decode with a :class:`PreallocatedLayer` cache (when the model's layers
-#: allow it). Measured on the CPU (1M-parameter default model, 128 rows, 1 thread, CPU time against the growing
+#: allow it). Measured once, when this was written (old against new code; docs/scale.md), on the CPU (1M-parameter
+#: default model, 128 rows, 1 thread, CPU time against the growing
 #: ``DynamicCache``): 12 tokens 1.12× (slower: fresh buffers fault their pages in, strided K/V views slow the CPU
 #: flash-attention kernel), 48 tokens 1.0×, 200 tokens 0.88×, as the concatenation cost grows with the length.
 PREALLOCATE_MIN_NEW_TOKENS: int = 128
