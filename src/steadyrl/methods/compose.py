@@ -23,7 +23,7 @@ gradients and ``loss/all_masked = 1``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from torch import Tensor
@@ -88,54 +88,96 @@ def _return_to_go(token_rewards: Tensor, mask: Tensor) -> Tensor:
     return where_masked(r.flip(-1).cumsum(-1).flip(-1), mask)
 
 
+class AdvantageInputs(NamedTuple):
+    """What an advantage estimator of ``compute_loss`` reads: the batch, the policies and the rewards."""
+
+    b: LossBatch
+    prox: Tensor  # log π_prox used by the objective (μ under bypass)
+    ell: Tensor  # ℓ = log π_prox − log μ
+    logp: Tensor
+    behav: Tensor
+    mask: Tensor
+    rewards: _Rewards
+
+
+Advantages = tuple[Tensor, Tensor | None, Metrics]  # (token advantages [B,T], sequence advantages [B] or None, metrics)
+
+
+def _from_seq(a: Tensor, x: AdvantageInputs, metrics: Metrics) -> Advantages:
+    """Sequence advantages [B], broadcast to the tokens, with the reward metrics."""
+    return grpo.token_advantages(advantages=a, mask=x.mask), a, {**x.rewards.metrics, **metrics}
+
+
+def _given(adv: S.GivenAdvantage, x: AdvantageInputs) -> Advantages:
+    assert x.b.advantages is not None
+    a = x.b.advantages.detach()
+    if a.dim() == 1:
+        return grpo.token_advantages(advantages=a, mask=x.mask), a, {}
+    return where_masked(a, x.mask), None, {}
+
+
+def _grpo(adv: S.GrpoAdvantage, x: AdvantageInputs) -> Advantages:
+    seq_r = x.rewards.seq
+    assert seq_r is not None and x.b.group_ids is not None
+    r = grpo.length_corrected_rewards(rewards=seq_r, mask=x.mask) if adv.length_corrected else seq_r
+    out = grpo.grpo_advantages(rewards=r, group_ids=x.b.group_ids, scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased)
+    return _from_seq(out.advantages, x, out.metrics)
+
+
+def _opob(adv: S.OpobAdvantage, x: AdvantageInputs) -> Advantages:
+    assert x.rewards.seq is not None and x.b.group_ids is not None and x.b.grad_sq_norms is not None
+    out = opob.opob_advantages(
+        rewards=x.rewards.seq, group_ids=x.b.group_ids, log_weights=seq_log_ratio(x.ell, x.mask),
+        grad_sq_norms=x.b.grad_sq_norms.detach(), weighting=adv.weighting, scope=adv.scope,
+        aggregation=adv.aggregation, length_normalize=adv.length_normalize, lengths=lengths(x.mask),
+        clip=adv.clip, tis_cap=adv.tis_cap,
+    )  # fmt: skip
+    return _from_seq(out.advantages, x, out.metrics)
+
+
+def _vaco(adv: S.VacoAdvantage, x: AdvantageInputs) -> Advantages:
+    assert x.rewards.seq is not None and x.b.group_ids is not None
+    out = vaco.vaco_advantages(
+        rewards=x.rewards.seq, group_ids=x.b.group_ids, log_ratio=x.ell, mask=x.mask, rho_bar=adv.rho_bar,
+        ratio=adv.ratio, scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased,
+    )  # fmt: skip
+    return _from_seq(out.advantages, x, out.metrics)
+
+
+def _otb(adv: S.OtbAdvantage, x: AdvantageInputs) -> Advantages:
+    assert x.rewards.token is not None and x.b.group_ids is not None and x.b.sum_p2 is not None
+    out = otb.otb_advantages(
+        returns=_return_to_go(x.rewards.token, x.mask), token_logp=x.prox, sum_p2=x.b.sum_p2.detach(),
+        mask=x.mask, group_ids=x.b.group_ids, token_weights=safe_exp(x.ell) if adv.importance_weighted else None,
+    )  # fmt: skip
+    return out.advantages, None, {**x.rewards.metrics, **out.metrics}
+
+
+def _copc_adv(adv: S.CopcAdvantage, x: AdvantageInputs) -> Advantages:
+    out = _copc(adv, x.b, token_rewards=x.rewards.token, logp=x.logp, behav=x.behav, mask=x.mask)
+    return out.advantages, None, {**x.rewards.metrics, **out.metrics}
+
+
+#: One estimator per advantage spec (``tests/methods/test_dispatch.py`` checks the table covers the union).
+ADVANTAGES: dict[type, Callable[[Any, AdvantageInputs], Advantages]] = {
+    S.GivenAdvantage: _given,
+    S.GrpoAdvantage: _grpo,
+    S.OpobAdvantage: _opob,
+    S.VacoAdvantage: _vaco,
+    S.OtbAdvantage: _otb,
+    S.CopcAdvantage: _copc_adv,
+}
+#: Estimators that need outcome rewards placed on the last token (token rewards).
+_TOKEN_REWARDS = (S.CopcAdvantage, S.OtbAdvantage)
+
+
 def _advantages(
     method: S.MethodSpec, b: LossBatch, *, logp: Tensor, prox: Tensor, behav: Tensor, ell: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor | None, Metrics]:
-    """(token advantages [B,T], sequence advantages [B] or None, metrics)."""
+) -> Advantages:
+    """(token advantages [B,T], sequence advantages [B] or None, metrics) of the method's estimator."""
     adv = method.advantage
-    rw = _rewards(method, b, logp, mask, tokens=isinstance(adv, (S.CopcAdvantage, S.OtbAdvantage)))
-    seq_r, tok_r = rw.seq, rw.token
-    if isinstance(adv, S.GivenAdvantage):
-        a = b.advantages
-        assert a is not None
-        a = a.detach()
-        if a.dim() == 1:
-            return grpo.token_advantages(advantages=a, mask=mask), a, {}
-        return where_masked(a, mask), None, {}
-    if isinstance(adv, S.CopcAdvantage):
-        out = _copc(adv, b, token_rewards=tok_r, logp=logp, behav=behav, mask=mask)
-        return out.advantages, None, {**rw.metrics, **out.metrics}
-    assert seq_r is not None and b.group_ids is not None
-    if isinstance(adv, S.GrpoAdvantage):
-        r = grpo.length_corrected_rewards(rewards=seq_r, mask=mask) if adv.length_corrected else seq_r
-        out_g = grpo.grpo_advantages(
-            rewards=r, group_ids=b.group_ids, scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased
-        )
-        metrics = {**rw.metrics, **out_g.metrics}
-        return grpo.token_advantages(advantages=out_g.advantages, mask=mask), out_g.advantages, metrics
-    if isinstance(adv, S.OpobAdvantage):
-        assert b.grad_sq_norms is not None
-        out_o = opob.opob_advantages(
-            rewards=seq_r, group_ids=b.group_ids, log_weights=seq_log_ratio(ell, mask),
-            grad_sq_norms=b.grad_sq_norms.detach(), weighting=adv.weighting, scope=adv.scope,
-            aggregation=adv.aggregation, length_normalize=adv.length_normalize, lengths=lengths(mask),
-            clip=adv.clip, tis_cap=adv.tis_cap,
-        )  # fmt: skip
-        metrics = {**rw.metrics, **out_o.metrics}
-        return grpo.token_advantages(advantages=out_o.advantages, mask=mask), out_o.advantages, metrics
-    if isinstance(adv, S.VacoAdvantage):
-        out_v = vaco.vaco_advantages(
-            rewards=seq_r, group_ids=b.group_ids, log_ratio=ell, mask=mask, rho_bar=adv.rho_bar, ratio=adv.ratio,
-            scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased,
-        )  # fmt: skip
-        metrics = {**rw.metrics, **out_v.metrics}
-        return grpo.token_advantages(advantages=out_v.advantages, mask=mask), out_v.advantages, metrics
-    assert isinstance(adv, S.OtbAdvantage) and b.sum_p2 is not None
-    out_t = otb.otb_advantages(
-        returns=_return_to_go(tok_r, mask), token_logp=prox, sum_p2=b.sum_p2.detach(),
-        mask=mask, group_ids=b.group_ids, token_weights=safe_exp(ell) if adv.importance_weighted else None,
-    )  # fmt: skip
-    return out_t.advantages, None, {**rw.metrics, **out_t.metrics}
+    rw = _rewards(method, b, logp, mask, tokens=isinstance(adv, _TOKEN_REWARDS))
+    return ADVANTAGES[type(adv)](adv, AdvantageInputs(b, prox, ell, logp, behav, mask, rw))
 
 
 def _copc(
@@ -168,93 +210,140 @@ def copc_value_targets(method: str | S.MethodSpec, batch: LossBatch | Mapping[st
     return _copc(adv, b, token_rewards=rw.token, logp=b.logp, behav=b.behav_logp.detach(), mask=mask).returns
 
 
-def _correct(
-    c: Any, *, b: LossBatch, logp: Tensor, prox: Tensor, measured: Tensor, behav: Tensor, ell: Tensor,
-    adv_tok: Tensor, adv_seq: Tensor | None, mask: Tensor,
-) -> Corrected:  # fmt: skip
-    """Apply one correction (spec ``c``) to the current mask."""
-    if isinstance(c, S.TokenTIS):
-        return weights.token_tis(log_ratio=ell, mask=mask, cap=c.cap, floor=c.floor, renormalize=c.renormalize)
-    if isinstance(c, S.SeqTIS):
-        return weights.seq_tis(log_ratio=ell, mask=mask, cap=c.cap)
-    mis = {"token_mis": weights.token_mis, "seq_mis": weights.seq_mis, "geo_mis": weights.geo_mis}
-    if c.type in mis or isinstance(c, S.IcePop):
-        fn = weights.icepop if isinstance(c, S.IcePop) else mis[c.type]
-        return fn(log_ratio=ell, mask=mask, lower=c.lower, upper=c.upper, weight=c.weight)
-    if isinstance(c, S.TokenVeto):
-        return weights.token_veto(log_ratio=ell, mask=mask, threshold=c.threshold)
-    if isinstance(c, S.Rejection):
-        return rejection.divergence_rejection(
-            log_ratio=ell, mask=mask, metric=c.metric, level=c.level, seq_agg=c.seq_agg, lower=c.lower, upper=c.upper
-        )
-    if isinstance(c, S.OPSM):
-        a = adv_seq if adv_seq is not None else masked_mean(adv_tok, mask, dim=-1)
-        return rejection.opsm(logp=logp, behav_logp=behav, advantages=a, mask=mask, delta=c.delta)
-    if isinstance(c, S.PrefixRatio):
-        return weights.prefix_ratio(log_ratio=ell, mask=mask, cap=c.cap)
-    if isinstance(c, S.M2POMask):
-        return m2po.m2po_mask(
-            log_ratio=behav - measured, mask=mask, tau=c.tau, harmful_only=c.harmful_only, advantages=adv_tok
-        )  # δ = log μ − log π_prox (measured, also under bypass)
-    if isinstance(c, S.VacoFilter):
-        return filters.vaco_filter(
-            logp=logp, behav_logp=behav, advantages=adv_tok, mask=mask, group_ids=b.group_ids, delta=c.delta,
-            rule=c.rule,
-        )  # fmt: skip
-    if isinstance(c, S.CopcMask):
-        return filters.copc_actor_mask(logp=logp, behav_logp=behav, mask=mask, c_low=c.c_low, c_high=c.c_high)
-    assert isinstance(c, S.ESTRMask) and b.behav_entropy is not None
+class Step(NamedTuple):
+    """What a correction or an objective of ``compute_loss`` may read (the dispatch tables' one argument besides the
+    spec). All log-probs are [B,T]; only ``logp`` carries the gradient."""
+
+    method: S.MethodSpec
+    b: LossBatch
+    logp: Tensor  # log π_θ (with gradient)
+    prox: Tensor  # log π_prox used by the objective: measured, or μ under policy=bypass
+    measured: Tensor  # log π_prox as recomputed (or π_θ detached), also under bypass
+    behav: Tensor  # log μ
+    ell: Tensor  # ℓ = log π_prox − log μ, 0 off the input mask
+    adv_tok: Tensor  # [B,T] token advantages
+    adv_seq: Tensor | None  # [B] sequence advantages when the estimator gives them
+    mask: Tensor  # the current mask (after the corrections applied so far)
+    w: Tensor | None = None  # product of the correction weights (objectives only); None while all ones
+    seq_rewards: Tensor | None = None  # [B] returns (OAPL only)
+
+    @property
+    def norm_len(self) -> float | None:
+        return None if self.method.norm_len is None else float(self.method.norm_len)  # core annotates a float
+
+    @property
+    def seq_adv(self) -> Tensor:
+        """[B] sequence advantages: the estimator's, or the masked mean of the token advantages."""
+        return self.adv_seq if self.adv_seq is not None else masked_mean(self.adv_tok, self.mask, dim=-1)
+
+    @property
+    def token_loss_args(self) -> dict[str, Any]:
+        """The keyword arguments every token-level objective of ``core.objectives`` shares."""
+        return {"logp": self.logp, "prox_logp": self.prox, "mask": self.mask, "agg": self.method.agg,
+                "norm_len": self.norm_len}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------- corrections
+# One entry per correction spec: (spec, step) → Corrected. ``tests/methods/test_dispatch.py`` checks that every
+# member of ``spec.CorrectionSpec`` has one.
+def _mis(fn: Callable[..., Corrected]) -> Callable[[Any, Step], Corrected]:
+    return lambda c, x: fn(log_ratio=x.ell, mask=x.mask, lower=c.lower, upper=c.upper, weight=c.weight)
+
+
+def _m2po_mask(c: S.M2POMask, x: Step) -> Corrected:
+    return m2po.m2po_mask(  # δ = log μ − log π_prox (measured, also under bypass)
+        log_ratio=x.behav - x.measured, mask=x.mask, tau=c.tau, harmful_only=c.harmful_only, advantages=x.adv_tok
+    )
+
+
+def _estr(c: S.ESTRMask, x: Step) -> Corrected:
+    assert x.b.behav_entropy is not None
     kw = {} if c.tau is None else {"tau": c.tau}
-    return filters.estr_mask(logp=logp, behav_logp=behav, behav_entropy=b.behav_entropy, mask=mask, eps=c.eps, **kw)
+    return filters.estr_mask(
+        logp=x.logp, behav_logp=x.behav, behav_entropy=x.b.behav_entropy, mask=x.mask, eps=c.eps, **kw
+    )
 
 
-def _objective(
-    method: S.MethodSpec, *, b: LossBatch, logp: Tensor, prox: Tensor, measured: Tensor, behav: Tensor,
-    adv_tok: Tensor, adv_seq: Tensor | None, mask: Tensor, w: Tensor | None, seq_rewards: Tensor | None,
-) -> LossOutput:  # fmt: skip
-    obj = method.objective
-    norm_len = None if method.norm_len is None else float(method.norm_len)  # core annotates a float
-    common = {"logp": logp, "prox_logp": prox, "mask": mask, "agg": method.agg, "norm_len": norm_len}
-    if isinstance(obj, S.PPOClip):
-        return ppo.ppo_clip_loss(
-            **common, advantages=adv_tok, weights=w, clip_low=obj.clip_low, clip_high=obj.clip_high,
-            dual_clip=obj.dual_clip,
-        )  # fmt: skip
-    if isinstance(obj, S.Reinforce):
-        return ppo.reinforce_loss(**common, advantages=adv_tok, weights=w)
-    if isinstance(obj, S.GSPO):
-        return ppo.gspo_loss(**common, advantages=adv_tok, weights=w, clip_low=obj.clip_low, clip_high=obj.clip_high)
-    if isinstance(obj, S.M2POClip):
-        rng = m2po.m2po_clip_range(
-            log_ratio=behav - measured, mask=mask, advantages=adv_tok, tau=obj.tau,
-            floor_low=obj.floor_low, floor_high=obj.floor_high,
-        )  # fmt: skip
-        out = ppo.ppo_clip_loss(**common, advantages=adv_tok, weights=w, clip_low=rng.clip_low, clip_high=rng.clip_high)
-        return LossOutput(out.loss, {**out.metrics, **rng.metrics})
-    if isinstance(obj, S.PNPO):
-        return pnpo.pnpo_loss(
-            logp=logp, behav_logp=behav, advantages=adv_tok, mask=mask, weights=w, delta=obj.delta, agg=method.agg,
-            norm_len=norm_len,
-        )  # fmt: skip
-    a_seq = adv_seq if adv_seq is not None else masked_mean(adv_tok, mask, dim=-1)
-    if isinstance(obj, S.TICGRPO):
-        # Sequence weight of the corrections: their masked mean (exact for sequence-level corrections).
-        w_seq = None if w is None else masked_mean(w, mask, dim=-1)
-        return tic_grpo.tic_grpo_loss(
-            logp=logp, behav_logp=behav if obj.ratio_to == "behavior" else prox, advantages=a_seq, mask=mask,
-            weights=w_seq, clip_eps=obj.eps, upper_only=obj.upper_only,
-        )  # fmt: skip
-    if isinstance(obj, S.GMCGRPO):
-        assert b.group_ids is not None
-        return gmc_grpo.gmc_grpo_loss(
-            logp=logp, prox_logp=prox, behav_logp=behav, advantages=a_seq, mask=mask, group_ids=b.group_ids,
-            eps=obj.eps, cap=obj.cap, agg=method.agg, norm_len=norm_len,
-        )  # fmt: skip
-    assert isinstance(obj, S.OAPL) and seq_rewards is not None and b.group_ids is not None
+CORRECTIONS: dict[type, Callable[[Any, Step], Corrected]] = {
+    S.TokenTIS: lambda c, x: weights.token_tis(
+        log_ratio=x.ell, mask=x.mask, cap=c.cap, floor=c.floor, renormalize=c.renormalize
+    ),
+    S.SeqTIS: lambda c, x: weights.seq_tis(log_ratio=x.ell, mask=x.mask, cap=c.cap),
+    S.TokenMIS: _mis(weights.token_mis),
+    S.SeqMIS: _mis(weights.seq_mis),
+    S.GeoMIS: _mis(weights.geo_mis),
+    S.IcePop: _mis(weights.icepop),
+    S.TokenVeto: lambda c, x: weights.token_veto(log_ratio=x.ell, mask=x.mask, threshold=c.threshold),
+    S.Rejection: lambda c, x: rejection.divergence_rejection(
+        log_ratio=x.ell, mask=x.mask, metric=c.metric, level=c.level, seq_agg=c.seq_agg, lower=c.lower, upper=c.upper
+    ),
+    S.OPSM: lambda c, x: rejection.opsm(
+        logp=x.logp, behav_logp=x.behav, advantages=x.seq_adv, mask=x.mask, delta=c.delta
+    ),
+    S.PrefixRatio: lambda c, x: weights.prefix_ratio(log_ratio=x.ell, mask=x.mask, cap=c.cap),
+    S.M2POMask: _m2po_mask,
+    S.VacoFilter: lambda c, x: filters.vaco_filter(
+        logp=x.logp, behav_logp=x.behav, advantages=x.adv_tok, mask=x.mask, group_ids=x.b.group_ids, delta=c.delta,
+        rule=c.rule,
+    ),
+    S.CopcMask: lambda c, x: filters.copc_actor_mask(
+        logp=x.logp, behav_logp=x.behav, mask=x.mask, c_low=c.c_low, c_high=c.c_high
+    ),
+    S.ESTRMask: _estr,
+}
+
+
+# -------------------------------------------------------------------------------------------------- objectives
+# One entry per objective spec: (spec, step) → LossOutput, on the mask the corrections left and their weight w.
+def _m2po_clip(obj: S.M2POClip, x: Step) -> LossOutput:
+    rng = m2po.m2po_clip_range(
+        log_ratio=x.behav - x.measured, mask=x.mask, advantages=x.adv_tok, tau=obj.tau,
+        floor_low=obj.floor_low, floor_high=obj.floor_high,
+    )  # fmt: skip
+    out = ppo.ppo_clip_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, clip_low=rng.clip_low, clip_high=rng.clip_high
+    )
+    return LossOutput(out.loss, {**out.metrics, **rng.metrics})
+
+
+def _tic_grpo(obj: S.TICGRPO, x: Step) -> LossOutput:
+    # Sequence weight of the corrections: their masked mean (exact for sequence-level corrections).
+    w_seq = None if x.w is None else masked_mean(x.w, x.mask, dim=-1)
+    return tic_grpo.tic_grpo_loss(
+        logp=x.logp, behav_logp=x.behav if obj.ratio_to == "behavior" else x.prox, advantages=x.seq_adv,
+        mask=x.mask, weights=w_seq, clip_eps=obj.eps, upper_only=obj.upper_only,
+    )  # fmt: skip
+
+
+def _oapl(obj: S.OAPL, x: Step) -> LossOutput:
+    assert x.seq_rewards is not None and x.b.group_ids is not None
     return oapl.oapl_loss(
-        logp=logp, behav_logp=behav, rewards=seq_rewards, group_ids=b.group_ids, mask=mask,
+        logp=x.logp, behav_logp=x.behav, rewards=x.seq_rewards, group_ids=x.b.group_ids, mask=x.mask,
         beta1=obj.beta1, beta2=obj.beta2,
     )  # fmt: skip
+
+
+OBJECTIVES: dict[type, Callable[[Any, Step], LossOutput]] = {
+    S.PPOClip: lambda obj, x: ppo.ppo_clip_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, clip_low=obj.clip_low, clip_high=obj.clip_high,
+        dual_clip=obj.dual_clip,
+    ),
+    S.Reinforce: lambda obj, x: ppo.reinforce_loss(**x.token_loss_args, advantages=x.adv_tok, weights=x.w),
+    S.GSPO: lambda obj, x: ppo.gspo_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, clip_low=obj.clip_low, clip_high=obj.clip_high
+    ),
+    S.M2POClip: _m2po_clip,
+    S.PNPO: lambda obj, x: pnpo.pnpo_loss(
+        logp=x.logp, behav_logp=x.behav, advantages=x.adv_tok, mask=x.mask, weights=x.w, delta=obj.delta,
+        agg=x.method.agg, norm_len=x.norm_len,
+    ),
+    S.TICGRPO: _tic_grpo,
+    S.GMCGRPO: lambda obj, x: gmc_grpo.gmc_grpo_loss(
+        logp=x.logp, prox_logp=x.prox, behav_logp=x.behav, advantages=x.seq_adv, mask=x.mask,
+        group_ids=x.b.group_ids, eps=obj.eps, cap=obj.cap, agg=x.method.agg, norm_len=x.norm_len,
+    ),
+    S.OAPL: _oapl,
+}
 
 
 def _rename_is(metrics: Metrics, prefix: str) -> Metrics:
@@ -289,22 +378,17 @@ def compute_loss(
 
     adv_tok, adv_seq, metrics = _advantages(spec, b, logp=logp, prox=prox, behav=behav, ell=ell, mask=mask0)
     metrics = dict(metrics)
+    step = Step(spec, b, logp, prox, measured, behav, ell, adv_tok, adv_seq, mask0)
     w: Tensor | None = None  # the product of the correction weights; None while it is all ones
-    mask = mask0
     for c in spec.corrections:
-        res = _correct(
-            c, b=b, logp=logp, prox=prox, measured=measured, behav=behav, ell=ell, adv_tok=adv_tok,
-            adv_seq=adv_seq, mask=mask,
-        )  # fmt: skip
+        res = CORRECTIONS[type(c)](c, step)
         if not res.unit_weights:  # a pure mask's weight is 1 on every token it keeps: no product needed
             w = res.weights if w is None else w * res.weights
-        mask = res.mask
+        step = step._replace(mask=res.mask)
         metrics.update(_rename_is(res.metrics, c.type))
+    mask = step.mask
     seq_rewards = _rewards(spec, b, logp, mask0).seq if spec.objective.type == "oapl" else None
-    out = _objective(
-        spec, b=b, logp=logp, prox=prox, measured=measured, behav=behav, adv_tok=adv_tok, adv_seq=adv_seq,
-        mask=mask, w=w, seq_rewards=seq_rewards,
-    )  # fmt: skip
+    out = OBJECTIVES[type(spec.objective)](spec.objective, step._replace(w=w, seq_rewards=seq_rewards))
     loss = out.loss
     metrics.update(out.metrics)
     if isinstance(spec.kl, S.KLInLoss):

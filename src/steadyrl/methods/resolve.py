@@ -126,27 +126,7 @@ def reads_behavior(method: MethodSpec, *, controllers: bool = True) -> bool:
 
 
 def required_inputs(method: MethodSpec) -> tuple[str, ...]:
-    """Batch keys the loss of ``method`` needs beyond ``logp``, ``behav_logp`` and ``mask`` (derived from its spec)."""
-    needs: list[str] = []
-    adv = method.advantage.type
-    if adv == "given":
-        needs.append("advantages")
-    elif adv == "opob":
-        needs += ["rewards", "group_ids", "grad_sq_norms"]
-    elif adv == "copc":
-        needs += ["rewards", "values"]
-    elif adv == "otb":
-        needs += ["rewards", "group_ids", "sum_p2"]
-    elif adv == "vaco":  # ρ_i from π_prox/μ: the policy at the start of the optimization phase
-        needs += ["rewards", "group_ids", "prox_logp"]
-    else:
-        needs += ["rewards", "group_ids"]
-    if method.objective.type in ("oapl", "gmc_grpo"):
-        needs += ["rewards", "group_ids"]
-    if any(c.type == "vaco_filter" and c.rule == "tvpo" for c in method.corrections):  # TV per prompt group
-        needs.append("group_ids")
-    if any(c.type == "estr" for c in method.corrections):
-        needs.append("behav_entropy")
-    if method.kl.type != "none":
-        needs.append("ref_logp")
-    return tuple(dict.fromkeys(needs))
+    """Batch keys the loss of ``method`` needs beyond ``logp``, ``behav_logp`` and ``mask``: what each of its
+    components declares (``needs()`` of its spec class), in pipeline order, without repeats."""
+    parts = [method.advantage, *method.corrections, method.objective, method.kl]
+    return tuple(dict.fromkeys(key for part in parts for key in part.needs()))

@@ -20,6 +20,12 @@ class _Strict(BaseModel):
 
     reads_behavior: ClassVar[bool] = False
     """Whether this component's output depends on μ (``behav_logp``); corrections always do."""
+    NEEDS: ClassVar[tuple[str, ...]] = ()
+    """Batch keys this component reads beyond ``logp``, ``behav_logp`` and ``mask`` (``LossBatch`` fields)."""
+
+    def needs(self) -> tuple[str, ...]:
+        """Batch keys this component reads with its options (``resolve.required_inputs`` collects them)."""
+        return self.NEEDS
 
 
 # --------------------------------------------------------------------------------------------------- advantages
@@ -27,6 +33,7 @@ class GrpoAdvantage(_Strict):
     """GRPO group-relative advantage (arXiv 2402.03300); ``scale='none'`` is Dr.GRPO (arXiv 2503.20783)."""
 
     type: Literal["grpo"] = "grpo"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids")
     scale: Literal["group", "batch", "none"] = Field(
         "group", description="divide by the group's reward std (GRPO), the batch's (TRL 'batch'), or not (Dr.GRPO)"
     )
@@ -42,6 +49,7 @@ class OpobAdvantage(_Strict):
     """VCPO's off-policy optimal baseline (arXiv 2602.17616, Sec. 4): needs per-trajectory squared grad norms."""
 
     type: Literal["opob"] = "opob"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids", "grad_sq_norms")
     reads_behavior: ClassVar[bool] = True
     weighting: Literal["paper", "authors_code"] = Field(
         "paper", description="W_i = w_i²‖∇‖² (paper) or w̄_i² w_i² ‖∇‖² (authors' code, ≈ w⁴)"
@@ -57,6 +65,7 @@ class OtbAdvantage(_Strict):
     """Optimal token baseline (arXiv 2602.07078; verl ``optimal_token_baseline``): needs ``sum_p2`` per token."""
 
     type: Literal["otb"] = "otb"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids", "sum_p2")
     reads_behavior: ClassVar[bool] = True
     importance_weighted: bool = Field(True, description="put the squared token weight w_t² into W_t")
 
@@ -65,6 +74,7 @@ class CopcAdvantage(_Strict):
     """COPC two-sided clipped-ratio TD advantages (arXiv 2610.09597) [reconstructed]: needs ``values``."""
 
     type: Literal["copc"] = "copc"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "values")
     reads_behavior: ClassVar[bool] = True
     gamma: float = Field(1.0, ge=0, le=1, description="discount γ")
     lam: float = Field(1.0, ge=0, le=1, description="trace decay λ")
@@ -80,6 +90,7 @@ class VacoAdvantage(_Strict):
     """
 
     type: Literal["vaco"] = "vaco"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids", "prox_logp")  # ρ_i from π_prox/μ
     reads_behavior: ClassVar[bool] = True
     rho_bar: float = Field(1.0, gt=0, description="V-trace truncation ρ̄ of the sequence ratio (IMPALA default 1)")
     ratio: Literal["geometric", "product"] = Field(
@@ -96,6 +107,7 @@ class GivenAdvantage(_Strict):
     """Use ``batch['advantages']`` as given (computed by the caller's framework)."""
 
     type: Literal["given"] = "given"
+    NEEDS: ClassVar[tuple[str, ...]] = ("advantages",)
 
 
 AdvantageSpec = Annotated[
@@ -212,6 +224,9 @@ class VacoFilter(_Strict):
         "sequence with the sign of r − 1 (our earlier reading); token: the same per token"
     )
 
+    def needs(self) -> tuple[str, ...]:
+        return ("group_ids",) if self.rule == "tvpo" else ()  # the released rule averages TV per prompt group
+
 
 class CopcMask(_Strict):
     """COPC actor mask (arXiv 2610.09597) [reconstructed]: keep tokens with π_θ/μ ∈ [c_low, c_high]."""
@@ -225,6 +240,7 @@ class ESTRMask(_Strict):
     """Entropy-scaled trust region (arXiv 2607.22186) [reconstructed]: needs ``behav_entropy``."""
 
     type: Literal["estr"] = "estr"
+    NEEDS: ClassVar[tuple[str, ...]] = ("behav_entropy",)
     tau: float | None = Field(None, gt=0, description="threshold on δ²/(H+ε); None = the module default")
     eps: float = Field(0.01, gt=0, description="entropy offset ε in δ²/(H+ε) (0.01: the paper, per a second-hand "
                        "note; we used 1e-6 before)")
@@ -301,6 +317,7 @@ class GMCGRPO(_Strict):
     """GMC-GRPO group-mass capping (arXiv 2610.01896) [reconstructed]."""
 
     type: Literal["gmc_grpo"] = "gmc_grpo"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids")
     reads_behavior: ClassVar[bool] = True
     eps: float = Field(0.2, gt=0, description="cap of the group's mean ratio at 1+ε (paper value unknown: sweep)")
     cap: Literal["mass", "rms"] = Field("mass", description="mean-ratio cap, or root-mean-square cap")
@@ -321,6 +338,7 @@ class OAPL(_Strict):
     """OAPL (arXiv 2602.19362): squared regression onto the optimal advantage; no importance ratio."""
 
     type: Literal["oapl"] = "oapl"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids")
     reads_behavior: ClassVar[bool] = True
     beta1: float = Field(1.0, gt=0, description="temperature of the soft value V̂*")
     beta2: float = Field(1e-3, gt=0, description="scale of the log-ratio to the behavior policy")
@@ -342,6 +360,7 @@ class KLInReward(_Strict):
     """Subtract β·k per token from the reward (needs ``ref_logp``)."""
 
     type: Literal["in_reward"] = "in_reward"
+    NEEDS: ClassVar[tuple[str, ...]] = ("ref_logp",)
     beta: float = Field(1e-3, ge=0, description="β (VCPO's ablation: 0.001)")
     kind: Literal["k1", "k2", "k3", "abs", "low_var_kl"] = Field("k1", description="estimator of KL(π_θ‖π_ref)")
 
@@ -350,6 +369,7 @@ class KLInLoss(_Strict):
     """Add β·KL(π_θ‖π_ref) to the loss (needs ``ref_logp``)."""
 
     type: Literal["in_loss"] = "in_loss"
+    NEEDS: ClassVar[tuple[str, ...]] = ("ref_logp",)
     beta: float = Field(1e-3, ge=0, description="β")
     kind: Literal["k1", "k2", "k3", "abs", "low_var_kl"] = Field("low_var_kl", description="estimator")
 
