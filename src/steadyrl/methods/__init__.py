@@ -5,7 +5,7 @@
 """
 
 from steadyrl.methods.batch import KEY_DOCS, LossBatch
-from steadyrl.methods.compose import compute_loss
+from steadyrl.methods.compose import LossDetails, compute_loss
 from steadyrl.methods.presets import PRESETS, PRESETS_BY_NAME, Preset
 from steadyrl.methods.resolve import reads_behavior, required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
@@ -15,6 +15,7 @@ __all__ = [
     "PRESETS",
     "PRESETS_BY_NAME",
     "LossBatch",
+    "LossDetails",
     "MethodSpec",
     "Preset",
     "compute_loss",

@@ -24,8 +24,9 @@ gradients and ``loss/all_masked = 1``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
+import torch
 from torch import Tensor
 
 from steadyrl.core import kl as core_kl
@@ -351,12 +352,44 @@ def _rename_is(metrics: Metrics, prefix: str) -> Metrics:
     return {(f"{prefix}/{k[3:]}" if k.startswith("is/") else k): v for k, v in metrics.items()}
 
 
+class LossDetails(NamedTuple):
+    """``compute_loss(..., return_details=True)``: the loss and metrics, and what the objective was handed.
+
+    ``weights`` [B,T]: the product of the corrections' detached weights (1 on kept tokens of pure masks, 1 when the
+    method has no weighting correction; 0 off ``mask``); ``mask`` [B,T] bool: the tokens the objective trained on
+    (the input mask minus every rejection); ``advantages`` [B,T]: the token advantages after the estimator (0 off the
+    input mask). All detached. An objective's own internal weights (CISPO's clipped ratio, GMC-GRPO's capped sequence
+    weights, ...) are the objective's and appear in its metrics, not here.
+    """
+
+    loss: Tensor
+    metrics: Metrics
+    weights: Tensor
+    mask: Tensor
+    advantages: Tensor
+
+
+@overload
+def compute_loss(
+    method: str | S.MethodSpec, batch: LossBatch | Mapping[str, Any], *,
+    overrides: Mapping[str, Any] | None = None, return_details: Literal[False] = False,
+) -> LossOutput: ...  # fmt: skip
+
+
+@overload
+def compute_loss(
+    method: str | S.MethodSpec, batch: LossBatch | Mapping[str, Any], *,
+    overrides: Mapping[str, Any] | None = None, return_details: Literal[True],
+) -> LossDetails: ...  # fmt: skip
+
+
 def compute_loss(
     method: str | S.MethodSpec,
     batch: LossBatch | Mapping[str, Any],
     *,
     overrides: Mapping[str, Any] | None = None,
-) -> LossOutput:
+    return_details: bool = False,
+) -> LossOutput | LossDetails:
     """The loss-level part of ``method`` on ``batch``: ``(loss, metrics)``.
 
     ``method``: a preset name, a composition (``"seq_tis+gac"``) or a resolved ``MethodSpec``; ``overrides`` as in
@@ -364,6 +397,8 @@ def compute_loss(
     (with gradient), ``behav_logp`` [B,T], ``mask`` [B,T] and what the method needs (``rewards`` and ``group_ids``
     for group advantages, ``grad_sq_norms`` for OPOB, ...): a missing tensor is a ``ValueError`` naming it.
     Step-level controllers (ESS step size, GAC) are not applied here; see :mod:`steadyrl.control`.
+    ``return_details=True`` returns a :class:`LossDetails` instead, with the per-token weights, mask and advantages
+    the objective was handed, so a caller can check them against its own framework's.
     """
     spec = resolve_method(method, overrides) if isinstance(method, str) or overrides else method
     assert isinstance(spec, S.MethodSpec)
@@ -413,4 +448,8 @@ def compute_loss(
     metrics["loss/masked_frac"] = (1 - mask.sum() / n0).to(logp.dtype).detach()
     metrics["loss/all_masked"] = all_masked_flag(mask)
     metrics["loss/total"] = loss.detach()
-    return LossOutput(loss, {k: v.detach() for k, v in metrics.items()})
+    metrics = {k: v.detach() for k, v in metrics.items()}
+    if not return_details:
+        return LossOutput(loss, metrics)
+    w_out = where_masked(torch.ones_like(logp.detach()) if w is None else w.detach(), mask)
+    return LossDetails(loss, metrics, w_out, mask, adv_tok.detach())
