@@ -265,3 +265,31 @@ def test_fused_adamw_trains_like_the_default_to_float32_rounding(model, batch) -
     _learner(twin, fused=True).step(*batch)
     for a, b in zip(model.parameters(), twin.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_a3po_never_runs_the_recompute_pass_and_interpolates_prox(model, batch, monkeypatch) -> None:
+    """A-3PO (``prox_approx=loglinear``): with several optimizer steps per batch (where every other method recomputes
+    π_prox) no no-grad pass runs and the loss gets no ``prox_logp``; the token versions and the learner's reach it."""
+    rollouts, rewards = batch
+    seen: list[dict] = []
+
+    def spy(method, batch):
+        seen.append({"prox": batch.get("prox_logp"), "versions": batch["versions"], "v": batch["learner_version"]})
+        return compute_loss(method, batch)
+
+    no_grad_calls: list[int] = []
+    monkeypatch.setattr(learner_module, "compute_loss", spy)
+    learner = _learner(model, method="a3po", updates_per_batch=2)
+    original = learner._no_grad
+    monkeypatch.setattr(learner, "_no_grad", lambda *a, **k: no_grad_calls.append(1) or original(*a, **k))
+    out = learner.step(rollouts, rewards)
+    assert out.applied == 2 and not no_grad_calls
+    assert all(s["prox"] is None for s in seen) and [s["v"] for s in seen] == [0, 1]
+    assert "a3po/alpha_mean" in out.metrics
+    ppo = _learner(build_tiny_model(ARCH, tokenizer=build_char_tokenizer(), seed=0), method="decoupled_ppo",
+                   updates_per_batch=2)  # fmt: skip
+    calls: list[int] = []
+    original_ppo = ppo._no_grad
+    monkeypatch.setattr(ppo, "_no_grad", lambda *a, **k: calls.append(1) or original_ppo(*a, **k))
+    ppo.step(rollouts, rewards)
+    assert calls == [1]  # the same setting recomputes once for decoupled PPO

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from steadyrl.core import kl as core_kl
-from steadyrl.core import rejection, weights
+from steadyrl.core import proximal, rejection, weights
 from steadyrl.core.advantages import grpo, opob, otb, vaco, vtrace
 from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.core.ess import sequence_ess
@@ -408,11 +408,18 @@ def compute_loss(
     logp = b.logp
     behav = b.behav_logp.detach()
     measured = b.prox_logp.detach() if b.prox_logp is not None else logp.detach()
+    approx_metrics: Metrics = {}
+    if spec.prox_approx == "loglinear":  # A-3PO: π_prox interpolated between μ and π_θ by token version
+        assert b.versions is not None and b.learner_version is not None
+        approx = proximal.loglinear_prox_logp(
+            logp=logp, behav_logp=b.behav_logp, versions=b.versions, learner_version=b.learner_version, mask=mask0
+        )
+        measured, approx_metrics = approx.prox_logp, approx.metrics
     prox = behav if spec.policy == "bypass" else measured
     ell = where_masked(prox - behav, mask0)  # ℓ = log π_prox − log μ (detached)
 
     adv_tok, adv_seq, metrics = _advantages(spec, b, logp=logp, prox=prox, behav=behav, ell=ell, mask=mask0)
-    metrics = dict(metrics)
+    metrics = {**metrics, **approx_metrics}
     step = Step(spec, b, logp, prox, measured, behav, ell, adv_tok, adv_seq, mask0)
     w: Tensor | None = None  # the product of the correction weights; None while it is all ones
     for c in spec.corrections:

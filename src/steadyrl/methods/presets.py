@@ -154,6 +154,18 @@ PRESETS: tuple[Preset, ...] = (
         },
     ),
     Preset(
+        "a3po",
+        "A-3PO: decoupled PPO with π_prox interpolated in log space between μ and π_θ by each token's staleness, "
+        "α = (k − 1)/k for a token k versions old, instead of a recompute pass (AReaL prox_logp_method=loglinear)",
+        "2512.06547",
+        "reference-code",
+        {
+            "corrections": [{"type": "token_mis", "lower": None, "upper": 5.0, "weight": "ratio"}],
+            "objective": {"type": "ppo_clip"},
+            "prox_approx": "loglinear",
+        },
+    ),
+    Preset(
         "m2po",
         "M2PO (masking, AReaL): drop the highest-δ² tokens until the second moment of log(μ/π_prox) is below 0.04",
         "2510.01161",

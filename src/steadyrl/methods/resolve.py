@@ -129,4 +129,7 @@ def required_inputs(method: MethodSpec) -> tuple[str, ...]:
     """Batch keys the loss of ``method`` needs beyond ``logp``, ``behav_logp`` and ``mask``: what each of its
     components declares (``needs()`` of its spec class), in pipeline order, without repeats."""
     parts = [method.advantage, *method.corrections, method.objective, method.kl]
-    return tuple(dict.fromkeys(key for part in parts for key in part.needs()))
+    keys = [key for part in parts for key in part.needs()]
+    if method.prox_approx == "loglinear":  # A-3PO: α from the token versions and the learner's
+        keys += ["versions", "learner_version"]
+    return tuple(dict.fromkeys(keys))

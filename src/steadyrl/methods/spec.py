@@ -423,6 +423,23 @@ class MethodSpec(_Strict):
     recompute_prox: bool = Field(
         False, description="the learner recomputes π_prox before the first update (AReaL decoupled PPO)"
     )
+    prox_approx: Literal["none", "loglinear"] = Field(
+        "none", description="none: π_prox is the batch's prox_logp (recomputed) or π_θ detached; loglinear: A-3PO "
+        "(arXiv 2512.06547; AReaL prox_logp_method=loglinear): log μ + α(log π_θ − log μ) with "
+        "α = (v_θ − 1 − v_t)/(v_θ − v_t) from the per-token versions, no recompute pass"
+    )
+
+    @model_validator(mode="after")
+    def _approximated_prox_is_not_recomputed(self) -> MethodSpec:
+        """A-3PO replaces the recompute pass; asking for both would pay for a forward whose result is discarded."""
+        if self.prox_approx != "none" and self.recompute_prox:
+            raise ValueError(
+                f"prox_approx={self.prox_approx!r} approximates π_prox instead of recomputing it: set "
+                "recompute_prox=False (or prox_approx='none' to recompute)"
+            )
+        if self.prox_approx != "none" and self.advantage.type == "vaco":
+            raise ValueError("advantage.type='vaco' needs the recomputed π_prox of the phase: set prox_approx='none'")
+        return self
 
     @model_validator(mode="after")
     def _vaco_needs_the_phase_policy(self) -> MethodSpec:

@@ -16,7 +16,8 @@ One learner step consumes one batch of rollouts (prompts_per_step × G responses
 A skipped step zeroes the gradient and leaves weights and AdamW moments untouched (metric ``train/skipped`` = 1 and a
 printed reason). The proximal log-probs (``prox_logp``) are recomputed once, before the first optimizer step, when
 the method asks for it (``recompute_prox``) or when the batch gets more than one optimizer step; otherwise the loss
-uses π_prox = π_θ detached (VCPO's one-update setting). OTB (arXiv 2602.07078) also needs Σ_v π_v² of π_prox at
+uses π_prox = π_θ detached (VCPO's one-update setting). A-3PO (``prox_approx=loglinear``) never recomputes: its loss
+interpolates π_prox from μ, π_θ and the token versions. OTB (arXiv 2602.07078) also needs Σ_v π_v² of π_prox at
 each token (``sum_p2``): for it that no-grad pass always runs (:func:`~steadyrl.rollout.logprobs.proximal_logprobs`,
 one extra forward per learner step when π_prox is not otherwise recomputed) and hands over ``sum_p2`` with π_prox.
 
@@ -201,13 +202,15 @@ class Learner:
         n_updates = self.optim_cfg.updates_per_batch * self.optim_cfg.minibatches
         prox = sum_p2 = None
         self._prox_version = None
+        # A-3PO (prox_approx=loglinear) approximates π_prox inside the loss: no recompute pass, however many updates
+        recompute = self.method.prox_approx == "none" and (self.method.recompute_prox or n_updates > 1)
         if "sum_p2" in self.needs:  # OTB: Σ_v π_v² of π_prox, from the pass that also gives π_prox
             logp_all, sum_p2 = self._no_grad(
                 rollouts, lambda mb: proximal_logprobs(self.model, mb, temperature=self.temperature)
             )
-            if self.method.recompute_prox or n_updates > 1:
+            if recompute:
                 prox, self._prox_version = logp_all, self.version
-        elif self.method.recompute_prox or n_updates > 1:
+        elif recompute:
             (prox,) = self._no_grad(rollouts, lambda mb: (self._logp(self.model, mb),))
             self._prox_version = self.version
         ref = None
