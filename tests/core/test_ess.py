@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from steadyrl.core.ess import sequence_ess, token_ess, vcpo_lr_scale
+from steadyrl.core.ess import sequence_ess, token_ess, vcpo_lr_scale, weights_ess
 
 getcontext().prec = 50
 
@@ -99,6 +99,38 @@ def test_token_ess_matches_direct_formula() -> None:
     vals = [float(ell[i, t]) for i in range(4) for t in range(6) if mask[i, t]]
     assert abs(float(out.ess) - _direct_ess(vals)) < 1e-10
     assert abs(float(out.ess_ratio) - _direct_ess(vals) / len(vals)) < 1e-10
+
+
+@pytest.mark.parametrize(("cap", "floor"), [(None, None), (2.0, None), (2.0, 0.5)])
+def test_weights_ess_is_verls_token_weighted_ratio(cap: float | None, floor: float | None) -> None:
+    """verl's rollout_is_eff_sample_size: 1 / mean_t((w̃_t / mean w̃)²), w̃ = clamp(w, floor, cap), over masked tokens;
+    zero weights (IcePop) count as samples."""
+    g = torch.Generator().manual_seed(5)
+    B, T = 5, 7
+    w = torch.exp(torch.randn(B, T, generator=g, dtype=torch.float64))
+    w[1, 2] = 0.0
+    mask = torch.rand(B, T, generator=g) > 0.3
+    mask[1, 2] = True
+    w_in = torch.where(mask, w, float("nan"))
+    vals = [float(w[i, t]) for i in range(B) for t in range(T) if mask[i, t]]
+    vals = [min(v, cap) if cap is not None else v for v in vals]
+    vals = [max(v, floor) if floor is not None else v for v in vals]
+    mean = sum(vals) / len(vals)
+    expect = 1.0 / (sum((v / mean) ** 2 for v in vals) / len(vals))
+    out = weights_ess(weights=w_in, mask=mask, cap=cap, floor=floor)
+    assert abs(float(out.ess_ratio) - expect) < 1e-12
+    assert float(out.n_valid) == len(vals)
+
+
+def test_ess_of_all_zero_weights_is_zero() -> None:
+    out = weights_ess(weights=torch.zeros(2, 3, dtype=torch.float64), mask=torch.ones(2, 3, dtype=torch.bool))
+    assert float(out.ess) == 0.0 and float(out.ess_ratio) == 0.0 and float(out.n_valid) == 6.0
+
+
+def test_sequence_ess_floor() -> None:
+    S = torch.tensor([-5.0, 0.0, 1.0], dtype=torch.float64)
+    out = sequence_ess(log_weights=S, valid=torch.ones(3, dtype=torch.bool), floor=0.5, cap=2.0)
+    assert abs(float(out.ess) - _direct_ess([math.log(0.5), 0.0, math.log(2.0)])) < 1e-12
 
 
 @pytest.mark.parametrize("fn", ["sqrt", "identity"])

@@ -87,7 +87,9 @@ def test_verl_k1_ratio_bounds_mapping() -> None:
     """verl's k1 bounds are ratios compared in log space: keep iff log lo ≤ k1 ≤ log hi, k1 = −ℓ (verl)."""
     ell = torch.log(torch.tensor([[0.4, 0.5, 1.0, 2.0, 2.5]], dtype=torch.float64))
     mask = torch.ones(1, 5, dtype=torch.bool)
-    out = divergence_rejection(log_ratio=ell, mask=mask, metric="k1", lower=0.5, upper=2.0, ratio_bounds=True)
+    out = divergence_rejection(
+        log_ratio=ell, mask=mask, metric="k1", level="token", lower=0.5, upper=2.0, ratio_bounds=True
+    )
     # k1 = −ℓ = log(1/ρ) ∈ [log 0.5, log 2] ⇔ ρ ∈ [0.5, 2]
     assert out.mask.tolist() == [[False, True, True, True, False]]
 
@@ -108,7 +110,7 @@ def test_specs_are_anded() -> None:
 @pytest.mark.parametrize("weight", ["token", "geometric"])
 def test_rejection_weights(weight: str) -> None:
     ell, mask = _batch(seed=3)
-    out = divergence_rejection(log_ratio=ell, mask=mask, metric="k3", upper=0.5, weight=weight)
+    out = divergence_rejection(log_ratio=ell, mask=mask, metric="k3", level="token", upper=0.5, weight=weight)
     B, T = mask.shape
     for i in range(B):
         row = [float(ell[i, t]) for t in range(T) if mask[i, t]]
@@ -123,7 +125,7 @@ def test_rejection_weights(weight: str) -> None:
 
 def test_rejection_can_remove_everything() -> None:
     ell, mask = _batch(seed=4, scale=3.0)
-    out = divergence_rejection(log_ratio=ell, mask=mask, metric="k2", upper=1e-6)
+    out = divergence_rejection(log_ratio=ell, mask=mask, metric="k2", level="token", upper=1e-6)
     assert not out.mask.any() and float(out.metrics["loss/all_masked"]) == 1.0
     logp = torch.zeros(*mask.shape, dtype=torch.float64, requires_grad=True)
     loss = aggregate(-out.weights * logp, out.mask, "seq-mean-token-mean")
@@ -153,6 +155,7 @@ def test_rejection_bad_options() -> None:
     ell, mask = _batch()
     for kwargs in (
         {"metric": "k4"},
+        {"metric": "ratio", "lower": 0.0},
         {"level": "group"},
         {"level": "sequence", "seq_agg": "min"},
         {"lower": 2.0, "upper": 1.0},
@@ -162,6 +165,95 @@ def test_rejection_bad_options() -> None:
     ):
         with pytest.raises(ValueError):
             divergence_rejection(log_ratio=ell, mask=mask, **kwargs)
+
+
+def test_default_level_agrees_with_the_spec() -> None:
+    """The core function, its NamedTuple and the ``rejection`` spec default to the same level (sequence)."""
+    import inspect
+
+    from steadyrl.methods.spec import Rejection
+
+    core_default = inspect.signature(divergence_rejection).parameters["level"].default
+    assert core_default == RejectionSpec().level == Rejection().level == "sequence"
+
+
+def _ref_stat_ratio(ell, mask, level: str, agg: str) -> list[float | None]:
+    """AReaL's ``metric="ratio"`` statistic in log space: log ρ_t per token, or sum | mean | max of log ρ_t."""
+    out = []
+    for i in range(mask.shape[0]):
+        row = [float(ell[i, t]) for t in range(mask.shape[1]) if mask[i, t]]
+        if not row:
+            out.append(None)
+        elif level == "sequence":
+            out.append({"sum": sum(row), "mean": sum(row) / len(row), "max": max(row)}[agg])
+    return out
+
+
+@pytest.mark.parametrize("agg", ["sum", "mean", "max"])
+def test_ratio_metric_tests_the_ratio_in_log_space(agg: str) -> None:
+    ell, mask = _batch(seed=6, B=16, scale=0.5)
+    lo, hi = 0.7, 1.6
+    out = divergence_rejection(
+        log_ratio=ell, mask=mask, metric="ratio", level="sequence", seq_agg=agg, lower=lo, upper=hi, weight="geometric"
+    )
+    stats = _ref_stat_ratio(ell, mask, "sequence", agg)
+    for i, st_i in enumerate(stats):
+        keep = st_i is not None and math.log(lo) <= st_i <= math.log(hi)  # exp(agg) ∈ [lo, hi]
+        assert out.mask[i].tolist() == [bool(mask[i, t]) and keep for t in range(mask.shape[1])]
+        if keep:
+            row = [float(ell[i, t]) for t in range(mask.shape[1]) if mask[i, t]]
+            w = math.exp(sum(row) / len(row))  # AReaL's sequence weight: the geometric mean for every agg
+            assert all(abs(float(out.weights[i, t]) - w) < ATOL for t in range(mask.shape[1]) if mask[i, t])
+    assert 0 < int(out.mask.sum()) < int(mask.sum())
+    token = divergence_rejection(log_ratio=ell, mask=mask, metric="ratio", level="token", lower=lo, upper=hi)
+    expect = mask & (ell >= math.log(lo)) & (ell <= math.log(hi))
+    assert torch.equal(token.mask, expect)  # token level: token MIS with a pure-mask weight
+
+
+def _ref_binary_kl(lp: float, lq: float, eps: float = 1e-8) -> float:
+    p = min(max(math.exp(lp), eps), 1 - eps)
+    q = min(max(math.exp(lq), eps), 1 - eps)
+    return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+
+
+def test_binary_kl_kpop_matches_reference() -> None:
+    """KPop: keep token t iff max(D(p‖q), D(q‖p)) ≤ φ, p = π_prox(y_t), q = μ(y_t), D the Bernoulli KL."""
+    ell, mask = _batch(seed=7, B=16, T=9, scale=0.8)
+    g = torch.Generator().manual_seed(8)
+    behav = torch.log(torch.rand(mask.shape, generator=g, dtype=torch.float64) * 0.98 + 0.01)
+    behav[0, 0] = 0.0  # p = 1 (clamped to 1 − ε)
+    behav_in = torch.where(mask, behav, float("nan"))
+    phi = 0.05
+    out = divergence_rejection(
+        log_ratio=ell, mask=mask, metric="binary_kl", level="token", upper=phi, weight="token", behav_logp=behav_in
+    )
+    B, T = mask.shape
+    for i in range(B):
+        for t in range(T):
+            if not mask[i, t]:
+                assert not out.mask[i, t] and float(out.weights[i, t]) == 0.0
+                continue
+            lp, lq = float(behav[i, t] + ell[i, t]), float(behav[i, t])
+            d = max(_ref_binary_kl(lp, lq), _ref_binary_kl(lq, lp))
+            assert bool(out.mask[i, t]) == (d <= phi), (i, t, d)
+            if d <= phi:
+                assert abs(float(out.weights[i, t]) - math.exp(float(ell[i, t]))) < ATOL
+    assert 0 < int(out.mask.sum()) < int(mask.sum())
+    with pytest.raises(ValueError, match="behav_logp"):
+        divergence_rejection(log_ratio=ell, mask=mask, metric="binary_kl", upper=phi)
+
+
+@given(seed=st.integers(0, 2**16), sign=st.sampled_from([-1.0, 1.0]))
+def test_binary_kl_huge_log_ratios_finite(seed, sign) -> None:
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(3, 5, generator=g) > 0.4
+    ell = sign * 1000.0 * (torch.rand(3, 5, generator=g) > 0.5).double()
+    behav = torch.where(mask, -torch.rand(3, 5, generator=g, dtype=torch.float64) * 1000.0, float("nan"))
+    out = divergence_rejection(
+        log_ratio=ell, mask=mask, metric="binary_kl", level="sequence", seq_agg="max", upper=0.1, behav_logp=behav
+    )
+    assert torch.isfinite(out.weights).all() and all(torch.isfinite(v) for v in out.metrics.values())
+    assert not (out.mask & ~mask).any()
 
 
 # ---------------------------------------------------------------------------------------------------- OPSM

@@ -138,6 +138,48 @@ def test_seq_tis_matches_reference() -> None:
     assert 0 < n_trunc_seq < n_seq
 
 
+@pytest.mark.parametrize("ratio", ["product", "geometric"])
+@pytest.mark.parametrize(("cap", "floor"), [(4.0, 0.5), (None, 0.5), (None, None), (1.1, None)])
+def test_seq_tis_floor_uncapped_and_geometric(ratio: str, cap: float | None, floor: float | None) -> None:
+    """clamp(exp(S_i), C_min, C) (TRL sequence_truncate with clip_min), cap None (no upper clip), and the
+    geometric-mean ratio exp(S̄_i) (AReaL's sequence clamp) instead of the product."""
+    ell, mask = _batch(seed=12, scale=0.9)
+    if ratio == "geometric":  # exp(S̄_i) stays near 1: bounds at the same relative place, k-th root of the product's
+        cap, floor = (None if cap is None else cap**0.25), (None if floor is None else floor**0.25)
+    out = seq_tis(log_ratio=ell, mask=mask, cap=cap, floor=floor, ratio=ratio)
+    ref = _empty(*mask.shape)
+    n_trunc_seq = n_seq = 0
+    for i, row in enumerate(_rows(ell, mask)):
+        if not row:
+            continue
+        S = sum(x for _, x in row)
+        if ratio == "geometric":
+            S /= len(row)  # S̄_i
+        w = math.exp(max(min(S, 20.0), -20.0))
+        clipped = (cap is not None and w > cap) or (floor is not None and w < floor)
+        w = min(w, cap) if cap is not None else w
+        w = max(w, floor) if floor is not None else w
+        n_seq += 1
+        n_trunc_seq += clipped
+        for t, _ in row:
+            ref[i][t] = w
+    _check(out, ref, mask)
+    assert abs(float(out.metrics["is/seq_truncated_frac"]) - n_trunc_seq / n_seq) < ATOL
+    if cap is not None or floor is not None:
+        assert 0 < n_trunc_seq < n_seq
+
+
+def test_token_tis_uncapped_keeps_the_ratio() -> None:
+    ell, mask = _batch(seed=13, scale=1.5)
+    out = token_tis(log_ratio=ell, mask=mask, cap=None, floor=0.3)
+    ref = _empty(*mask.shape)
+    for i, row in enumerate(_rows(ell, mask)):
+        for t, x in row:
+            ref[i][t] = max(math.exp(x), 0.3)
+    _check(out, ref, mask)
+    assert float(out.weights.max()) > 2.0  # above the default cap
+
+
 def test_seq_tis_huge_log_ratios_are_finite_and_capped() -> None:
     ell = torch.tensor([[1000.0, 1.0], [-1000.0, 0.0]], dtype=torch.float32)
     out = seq_tis(log_ratio=ell, mask=torch.ones(2, 2, dtype=torch.bool))
@@ -374,6 +416,8 @@ def test_metrics_are_detached_zero_dim() -> None:
         (token_mis, {"lower": 2.0, "upper": 1.0}),
         (seq_mis, {"weight": "clip"}),
         (token_veto, {"threshold": 0.0}),
+        (seq_tis, {"ratio": "arithmetic"}),
+        (seq_tis, {"floor": 0.0}),
     ],
 )
 def test_bad_options_raise(fn, kwargs) -> None:

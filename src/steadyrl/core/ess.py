@@ -5,8 +5,10 @@ so it neither overflows nor underflows for any finite S (S = ±1000 included). E
 the weights, and 1 ≤ ESS ≤ n for n valid weights.
 
 Framework difference (ALGORITHMS.md): VCPO uses per-trajectory **unclipped** weights w_i = exp(S_i) over the whole
-optimizer minibatch (that is steadyrl's default, :func:`sequence_ess`); verl logs a token-weighted ESS of weights
-clamped to [1/C, C] (close to :func:`token_ess` with ``cap``). ESS is a statistic of the data: inputs are detached.
+optimizer minibatch (that is steadyrl's default, :func:`sequence_ess`); verl logs ``rollout_is_eff_sample_size``, the
+ESS ratio of its applied IS weights clamped to [0, C], every masked token one sample (a sequence weight counts once per
+token): :func:`weights_ess` with ``cap`` (``floor`` = 1/C gives the [1/C, C] clamp of earlier verl versions). ESS is a
+statistic of the data: inputs are detached.
 """
 
 from __future__ import annotations
@@ -47,11 +49,14 @@ def sequence_ess(
     log_weights: Float[Tensor, " B"],
     valid: Shaped[Tensor, " B"],
     cap: float | None = None,
+    floor: float | None = None,
 ) -> ESS:
     """ESS of sequence weights w_i = exp(S_i) over the valid sequences [exact: VCPO, authors' code].
 
     log ESS = 2·logsumexp_{i valid}(S_i) − logsumexp_{i valid}(2·S_i); ESS ratio ρ_ess = ESS / B_valid.
-    ``cap`` C (VCPO option): use clipped weights min(w_i, C), i.e. S_i ← min(S_i, log C), before the ESS.
+    ``cap`` C (VCPO option): use clipped weights min(w_i, C), i.e. S_i ← min(S_i, log C), before the ESS; ``floor``
+    likewise clamps from below, S_i ← max(S_i, log floor). A weight of exactly 0 (S_i = −inf) counts as a sample that
+    adds nothing; with every valid weight 0 the ESS is 0.
 
     ==================  =====  ====================================================
     ``log_weights``     [B]    S_i = Σ_t m ℓ (detached here); any value where invalid
@@ -60,11 +65,13 @@ def sequence_ess(
 
     Call it on the **whole optimizer minibatch** (gather S over data-parallel ranks first): ESS is not additive.
     """
-    check_bounds(None, cap)
+    check_bounds(floor, cap)
     v = as_bool_mask(valid)
     S = log_weights.detach()
     if cap is not None:
         S = torch.minimum(S, log_bound(cap, like=S))  # log min(w, C) = min(S, log C)
+    if floor is not None:
+        S = torch.maximum(S, log_bound(floor, like=S))  # log max(w, C_min)
     n_valid = torch.count_nonzero(v).to(S.dtype)
     S_valid = torch.where(v, S, -torch.inf)  # invalid weights are exp(−inf) = 0
     # ESS is scale invariant: shift by max_i S_i so both logsumexps are O(log n) and keep full precision.
@@ -72,8 +79,8 @@ def sequence_ess(
     S_valid = S_valid - torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))  # −inf stays −inf
     lse1 = torch.logsumexp(S_valid, dim=0)  # log Σ w
     lse2 = torch.logsumexp(2.0 * S_valid, dim=0)  # log Σ w²
-    any_valid = n_valid > 0
-    log_ess = torch.where(any_valid, 2.0 * lse1 - torch.where(any_valid, lse2, 0.0), -torch.inf)  # 2·lse(S) − lse(2S)
+    any_mass = (n_valid > 0) & torch.isfinite(lse1)  # some valid weight is > 0
+    log_ess = torch.where(any_mass, 2.0 * lse1 - torch.where(any_mass, lse2, 0.0), -torch.inf)  # 2·lse(S) − lse(2S)
     ess = torch.exp(log_ess)  # log ESS ≤ log n: no overflow
     ess_ratio = ess / n_valid.clamp(min=1)
     return ESS(ess=ess, ess_ratio=ess_ratio, log_ess=log_ess, n_valid=n_valid)
@@ -84,6 +91,7 @@ def token_ess(
     log_ratio: Float[Tensor, "B T"],
     mask: Shaped[Tensor, "B T"],
     cap: float | None = None,
+    floor: float | None = None,
 ) -> ESS:
     """Token-level ESS: the same formula over the masked-in token weights exp(ℓ_{i,t}) (ratio = ESS / #tokens).
 
@@ -93,7 +101,31 @@ def token_ess(
     ==============  =========  ====================================================
     """
     m = as_bool_mask(mask)
-    return sequence_ess(log_weights=log_ratio.reshape(-1), valid=m.reshape(-1), cap=cap)
+    return sequence_ess(log_weights=log_ratio.reshape(-1), valid=m.reshape(-1), cap=cap, floor=floor)
+
+
+def weights_ess(
+    *,
+    weights: Float[Tensor, "B T"],
+    mask: Shaped[Tensor, "B T"],
+    cap: float | None = None,
+    floor: float | None = None,
+) -> ESS:
+    """ESS of materialized per-token weights w ≥ 0 (a correction's output), every masked token one sample.
+
+    [reference-code: verl ``compute_is_metrics``, ``rollout_is_eff_sample_size`` = 1 / mean_t (w̃_t / mean w̃)² with
+    w̃ = clamp(w, 0, C) over the response mask, which is ``ess_ratio`` here with ``cap=C``; verl adds 1e-8 to the
+    mean, a relative difference below 1e-7 for weights near 1.] A sequence weight broadcast to its tokens counts once
+    per token; a zeroed weight (IcePop) counts as a sample with no mass. ``floor`` = 1/C clamps to [1/C, C].
+
+    ==============  =========  ====================================================
+    ``weights``     [B, T]     w ≥ 0 (detached here); any value outside ``mask``
+    ``mask``        [B, T]     bool or 0/1: which tokens count
+    ==============  =========  ====================================================
+    """
+    m = as_bool_mask(mask)
+    w = torch.where(m, weights.detach(), 1.0).clamp(min=0.0)
+    return token_ess(log_ratio=torch.log(w), mask=m, cap=cap, floor=floor)  # log 0 = −inf: a sample with no mass
 
 
 def vcpo_lr_scale(

@@ -19,7 +19,15 @@ import torch
 from jaxtyping import Bool, Float, Shaped
 from torch import Tensor
 
-from steadyrl.core.masking import aggregate, as_bool_mask, detach_metrics, safe_exp, where_masked
+from steadyrl.core.masking import (
+    aggregate,
+    as_bool_mask,
+    broadcast_seq,
+    detach_metrics,
+    geo_log_ratio,
+    safe_exp,
+    where_masked,
+)
 from steadyrl.core.types import Metrics
 from steadyrl.core.weights import check_choice
 
@@ -32,6 +40,9 @@ REF_KL_KINDS: tuple[str, ...] = get_args(RefKLKind)
 
 #: verl ``low_var_kl`` and AReaL clamp the k3 reference penalty to [−10, 10].
 LOW_VAR_KL_CLAMP: float = 10.0
+#: OpenRLHF 0.11.2 ``compute_approx_kl`` and AReaL 1.0.4 ``KLEstimator(apply_clamp=True)`` clamp every estimator's value
+#: (k1, k2, k3) to [−10, 10] (``reference_kl(value_clamp=...)``). Not our default.
+ESTIMATOR_VALUE_CLAMP: float = 10.0
 #: KL-in-reward coefficient β (VCPO's ablation).
 KL_IN_REWARD_BETA: float = 0.001
 
@@ -132,6 +143,8 @@ def reference_kl(
     mask: Shaped[Tensor, "B T"],
     kind: RefKLKind | str = "low_var_kl",
     clamp: float = LOW_VAR_KL_CLAMP,
+    value_clamp: float | None = None,
+    straight_through: bool = False,
 ) -> RefKL:
     """Per-token reference penalty estimating KL(π_θ ‖ π_ref) [reference-code: verl ``kl_penalty``, AReaL].
 
@@ -152,6 +165,13 @@ def reference_kl(
     ``kl``          [B, T]     per-token penalty k_t
     ==============  =========  ===========================================================
 
+    Two framework conventions are options (defaults off): ``value_clamp=c`` clamps the value of every kind to [−c, c]
+    after the formula above (OpenRLHF 0.11.2 ``compute_approx_kl`` and AReaL 1.0.4 ``KLEstimator``: c = 10, so their
+    k1, k2 and k3 are ours with ``value_clamp=10``; their k3 is our ``low_var_kl``); ``straight_through=True`` keeps
+    the value of ``kind`` and takes the gradient of k2 = x²/2 (verl 0.9.1 ``kl_loss_type`` with a ``+`` suffix,
+    ``k3+`` / ``low_var_kl+`` / ``k1+`` / ``abs+``: k2's gradient is the unbiased gradient of KL(π_θ ‖ π_ref)).
+    verl's ``k3`` is our ``low_var_kl`` (verl clamps both names); TRL 1.16.0's k3 is our ``k3``.
+
     The loss layer aggregates ``kl`` (``masking.aggregate``) and adds β times it; the metric ``kl/ref_mean`` is the
     token mean.
     """
@@ -168,6 +188,11 @@ def reference_kl(
         k = safe_exp(x) - x - 1.0  # k3 = eˣ − x − 1
         if kind == "low_var_kl":
             k = k.clamp(min=-clamp, max=clamp)
+    if value_clamp is not None:
+        k = k.clamp(min=-value_clamp, max=value_clamp)  # OpenRLHF / AReaL: every estimator within ±10
+    if straight_through:
+        k2 = 0.5 * x**2  # value of ``kind``, gradient of k2 (verl's "+" kinds)
+        k = k.detach() + (k2 - k2.detach())
     # x = 0 off the mask, where every kind gives k = 0 (k1: −0) with zero gradient: no re-masking needed, and the
     # token mean is a plain sum over the count.
     n = torch.count_nonzero(m).clamp(min=1).to(k.dtype)
@@ -192,12 +217,14 @@ def kl_in_reward(
     beta: float = KL_IN_REWARD_BETA,
     kind: RefKLKind | str = "k1",
     clamp: float = LOW_VAR_KL_CLAMP,
+    value_clamp: float | None = None,
 ) -> KLReward:
     """KL in the reward [reference-code: verl ``use_kl_in_reward``; VCPO ablation β = 0.001]: r'_t = r_t − β·k_t.
 
-    k_t is :func:`reference_kl` of ``kind`` (default k1, verl's ``kl_penalty="kl"``), **detached**: the penalty acts
-    through the advantages, not through a gradient. Give exactly one of ``rewards`` (an outcome reward, placed on the
-    last masked-in token of each sequence; a sequence with no masked token gets nothing) or ``token_rewards``.
+    k_t is :func:`reference_kl` of ``kind`` (default k1, verl's ``kl_penalty="kl"``; ``value_clamp`` as there),
+    **detached**: the penalty acts through the advantages, not through a gradient. Give exactly one of ``rewards`` (an
+    outcome reward, placed on the last masked-in token of each sequence; a sequence with no masked token gets nothing)
+    or ``token_rewards``.
 
     ========================  =========  ==========================================
     ``logp``                  [B, T]     log π (detached here; π_prox or π_θ)
@@ -213,7 +240,7 @@ def kl_in_reward(
     if (rewards is None) == (token_rewards is None):
         raise ValueError("give exactly one of rewards (per sequence) or token_rewards (per token)")
     m = as_bool_mask(mask)
-    ref = reference_kl(logp=logp.detach(), ref_logp=ref_logp, mask=m, kind=kind, clamp=clamp)
+    ref = reference_kl(logp=logp.detach(), ref_logp=ref_logp, mask=m, kind=kind, clamp=clamp, value_clamp=value_clamp)
     if rewards is not None:
         r = torch.where(last_token_mask(m), rewards.detach().unsqueeze(-1), torch.zeros_like(logp))
     else:
@@ -224,3 +251,49 @@ def kl_in_reward(
     metrics = dict(ref.metrics)
     metrics["kl/reward_penalty"] = aggregate(penalty, m, "seq-mean-token-sum")
     return KLReward(out, out.sum(dim=-1), detach_metrics(metrics))
+
+
+KLBiasCorrection = Literal["none", "token", "sequence"]
+KL_BIAS_CORRECTIONS: tuple[str, ...] = get_args(KLBiasCorrection)
+
+
+def importance_weighted_kl(
+    *,
+    kl: Float[Tensor, "B T"],
+    logp: Float[Tensor, "B T"],
+    prox_logp: Float[Tensor, "B T"],
+    mask: Shaped[Tensor, "B T"],
+    level: KLBiasCorrection | str = "token",
+) -> RefKL:
+    """Bias-corrected reference penalty k_t · r (DeepSeek-V3.2, arXiv 2512.02556, "Unbiased KL Estimate")
+    [reference-code: TRL 1.16 ``use_bias_correction_kl``].
+
+    The k3 estimate of KL(π_θ ‖ π_ref) from tokens the policy did not sample itself, reweighted by the importance
+    ratio r = π_θ/π_prox **with gradient**: E_{π_prox}[r·k3] = KL(π_θ ‖ π_ref), and its gradient is the unbiased
+    reverse-KL gradient. The weight matters even where its value is 1 (π_θ = π_prox at the first update): ∇(r·k) =
+    k·∇log π_θ + ∇k, whereas ∇k alone is biased. ``level="token"``: r_t = exp(clamp(log π_θ − log π_prox, ±20));
+    ``"sequence"``: r_i = exp(clamp(mean_t (log π_θ − log π_prox), ±20)) on every token of sequence i, TRL's weight
+    under ``importance_sampling_level="sequence"`` (there TRL notes the unbiasedness argument is the token one).
+    TRL's ratio is its ``coef_1`` = π_θ/``old_per_token_logps`` (π_prox, not μ: the vLLM ratio π_prox/μ does not
+    multiply TRL's KL term), reproduced here; ``level="none"`` returns k unchanged.
+
+    ==============  =========  ===========================================================
+    ``kl``          [B, T]     per-token penalty k_t (:func:`reference_kl`; 0 outside the mask)
+    ``logp``        [B, T]     log π_θ (with gradient)
+    ``prox_logp``   [B, T]     log π_prox (detached here)
+    ``mask``        [B, T]     bool or 0/1
+    ``kl`` (out)    [B, T]     r·k_t (0 outside the mask, zero gradient there)
+    ==============  =========  ===========================================================
+
+    Metric ``kl/ref_mean``: token mean of r·k over masked tokens (TRL's logged ``kl``), detached.
+    """
+    check_choice("level", level, KL_BIAS_CORRECTIONS)
+    if level == "none":
+        return RefKL(kl, {})
+    m = as_bool_mask(mask)
+    log_r = where_masked(logp - prox_logp.detach(), m)  # log π_θ − log π_prox, 0 off the mask
+    seq_r = None if level == "token" else safe_exp(geo_log_ratio(log_r, m))  # exp(mean_t log r) per sequence
+    r = safe_exp(log_r) if seq_r is None else broadcast_seq(seq_r, like=log_r)
+    k = kl * r  # kl is 0 (with zero gradient) off the mask and r is finite: 0 there too
+    n = torch.count_nonzero(m).clamp(min=1).to(k.dtype)
+    return RefKL(k, detach_metrics({"kl/ref_mean": k.sum() / n}))

@@ -17,6 +17,10 @@ from steadyrl.core.types import LOG_RATIO_CLAMP
 
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
+#: Which rows a mean over sequences divides by: the non-empty ones (``skip``, the default) or all B (``count``).
+EmptyRows = Literal["skip", "count"]
+#: The modes that are a mean over sequences (``empty_rows`` applies to them only).
+ROW_MEAN_MODES: tuple[str, ...] = ("seq-mean-token-mean", "seq-mean-token-sum")
 
 
 def as_bool_mask(mask: Tensor) -> Bool[Tensor, "..."]:
@@ -108,6 +112,8 @@ def aggregate(
     mode: AggMode | str,
     *,
     norm_len: float | None = None,
+    empty_rows: EmptyRows = "skip",
+    count_mask: Shaped[Tensor, "B T"] | None = None,
 ) -> Float[Tensor, ""]:
     """Reduce per-token losses to the scalar loss (verl's ``loss_agg_mode`` names).
 
@@ -116,25 +122,47 @@ def aggregate(
     ``seq-mean-token-mean``               mean over non-empty sequences of (Σ_t m ℓ / L_i)
     ``seq-mean-token-sum``                mean over non-empty sequences of Σ_t m ℓ
     ``seq-mean-token-sum-norm``           Σ_{i,t} m ℓ / (B · norm_len), norm_len = T by default (Dr.GRPO,
-                                          arXiv 2503.20783; TRL's ``dr_grpo``. verl divides by ``norm_len`` only)
+                                          arXiv 2503.20783; TRL's ``dr_grpo``, SkyRL's ``seq_mean_token_sum_norm``,
+                                          verl 0.9.1's trainer with ``loss_scale_factor`` = norm_len; verl's bare
+                                          ``agg_loss`` without ``global_batch_size`` divides by |N| · norm_len)
     ====================================  =========================================================================
 
-    Sequences with no masked-in token (padding rows, rejected sequences) are left out of the sequence means.
+    Sequences with no masked-in token (padding rows, rejected sequences) are left out of the sequence means
+    (``empty_rows="skip"``, the default; verl 0.9.1 ``agg_loss`` with ``global_batch_size=None``, OpenRLHF 0.11.2
+    ``aggregate_loss``). ``empty_rows="count"`` divides the two sequence means by all B rows instead, trained or not:
+    TRL 1.16.0 ``loss_type="grpo"`` (a plain ``.mean()`` over rows), SkyRL 0.3.0 ``loss_reduction="sequence_mean"``
+    (advantages divided by the batch size), verl's trainer (``global_batch_size`` = the mini-batch size). It is refused
+    for ``token-mean`` (no rows) and ``seq-mean-token-sum-norm`` (which always divides by B · norm_len).
     With nothing masked in, the result is an exact 0 that keeps the graph (zero gradients).
+
+    ``count_mask`` (default ``mask``): the mask the denominators are counted on, while the sums run over ``mask``. Pass
+    the mask from before the rejections (``mask`` ⊆ ``count_mask``) to keep rejected tokens in the denominator: the
+    token count of ``token-mean`` (TRL ``dapo``/``bnpo``, AReaL's ``loss_mask_count``), each L_i and the non-empty rows
+    of the sequence means (TRL ``grpo``, whose IS masking zeroes weights but keeps its mask).
+    ``seq-mean-token-sum-norm`` divides by B · norm_len either way.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"loss aggregation mode {mode!r} is not one of {', '.join(AGG_MODES)}")
+    if empty_rows != "skip" and (empty_rows != "count" or mode not in ROW_MEAN_MODES):
+        raise ValueError(
+            f"empty_rows={empty_rows!r}: 'count' divides a mean over sequences ({', '.join(ROW_MEAN_MODES)}) by all "
+            f"B rows; mode={mode!r}"
+        )
+    counted = mask if count_mask is None else as_bool_mask(count_mask)  # where the denominators are counted
     if mode == "token-mean":
-        return masked_sum(loss_tok, mask) / torch.count_nonzero(mask).clamp(min=1).to(loss_tok.dtype)
+        return masked_sum(loss_tok, mask) / torch.count_nonzero(counted).clamp(min=1).to(loss_tok.dtype)
     if mode == "seq-mean-token-sum-norm":
         B, T = loss_tok.shape
         denom = B * (float(T) if norm_len is None else float(norm_len))
         return masked_sum(loss_tok, mask) / max(denom, 1.0)
     seq_sum = masked_sum(loss_tok, mask, dim=-1)
-    L = mask.sum(dim=-1)
+    L = counted.sum(dim=-1)
     per_seq = seq_sum / L.clamp(min=1).to(loss_tok.dtype) if mode == "seq-mean-token-mean" else seq_sum
     nonempty = L > 0
-    return where_masked(per_seq, nonempty).sum() / nonempty.sum().clamp(min=1).to(loss_tok.dtype)
+    total = where_masked(per_seq, nonempty).sum()
+    if empty_rows == "count":
+        return total / max(loss_tok.shape[0], 1)  # (1/B) Σ_{i∈N}: every row counts
+    return total / nonempty.sum().clamp(min=1).to(loss_tok.dtype)  # (1/|N|) Σ_{i∈N}
 
 
 def all_masked_flag(mask: Bool[Tensor, "..."]) -> Float[Tensor, ""]:

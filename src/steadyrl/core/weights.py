@@ -54,8 +54,10 @@ from steadyrl.core.types import Corrected, Metrics
 
 Renormalize = Literal["token", "sequence"]
 MisWeight = Literal["ratio", "one"]
+SeqRatio = Literal["product", "geometric"]
 RENORMALIZE_MODES: tuple[str, ...] = get_args(Renormalize)
 MIS_WEIGHTS: tuple[str, ...] = get_args(MisWeight)
+SEQ_RATIOS: tuple[str, ...] = get_args(SeqRatio)
 
 #: Token TIS cap C (verl ``rollout_is_threshold`` default; TRL uses 3).
 TOKEN_TIS_CAP: float = 2.0
@@ -188,14 +190,15 @@ def token_tis(
     *,
     log_ratio: Float[Tensor, "B T"],
     mask: Shaped[Tensor, "B T"],
-    cap: float = TOKEN_TIS_CAP,
+    cap: float | None = TOKEN_TIS_CAP,
     floor: float | None = None,
     renormalize: Renormalize | str | None = None,
 ) -> Corrected:
     """Token-level truncated importance sampling (TIS) [reference-code: verl ``rollout_is=token``, TRL].
 
-    w_t = min(exp ℓ_t, C), or clamp(exp ℓ_t, C_min, C) with ``floor`` = C_min (TRL's lower clamp),
-    computed in log space: w_t = exp(clamp(ℓ_t, log C_min, log C)). With ``renormalize`` (verl
+    w_t = min(exp ℓ_t, C), or clamp(exp ℓ_t, C_min, C) with ``floor`` = C_min (TRL's ``clip_min``),
+    computed in log space: w_t = exp(clamp(ℓ_t, log C_min, log C)). ``cap=None`` leaves the weight uncapped above
+    (TRL's ``vllm_importance_sampling_clip_max=None``; only the e^{±20} guard applies). With ``renormalize`` (verl
     ``rollout_is_batch_normalize``), after truncation w ← w / mean(w), the mean over masked tokens (``"token"``) or over
     sequences of each sequence's token mean (``"sequence"``); the result can then exceed C. Nothing is masked.
 
@@ -211,31 +214,51 @@ def token_tis(
     check_choice("renormalize", renormalize, (*RENORMALIZE_MODES, None))
     m = as_bool_mask(mask)
     ell = log_ratio.detach()
-    log_cap = log_bound(cap, like=ell)
-    truncated = ell > log_cap
-    log_w = torch.minimum(ell, log_cap)  # log w_t = min(ℓ_t, log C)
-    if floor is not None:
-        log_floor = log_bound(floor, like=ell)
-        truncated = truncated | (ell < log_floor)
-        log_w = log_w.clamp_(min=log_floor)  # TRL: clamp(ρ, C_min, C)
+    log_w, truncated = _clamp_log(ell, cap=cap, floor=floor)  # log w_t = clamp(ℓ_t, log C_min, log C)
     w = where_masked(safe_exp_(log_w), m)  # log_w is a fresh detached tensor: exponentiated in place
     if renormalize is not None:
         w = where_masked(_renormalize(w, m, renormalize), m)
     return Corrected(w, m, correction_metrics(weights=w, mask_in=m, mask_out=m, truncated=truncated))
 
 
+def _clamp_log(
+    log_w: Float[Tensor, "*shape"], *, cap: float | None, floor: float | None
+) -> tuple[Float[Tensor, "*shape"], Bool[Tensor, "*shape"]]:
+    """(clamp(log_w, log floor, log cap) as a fresh tensor, where a bound was active); None = that side absent."""
+    out = log_w.clone()
+    truncated = torch.zeros_like(log_w, dtype=torch.bool)
+    if cap is not None:
+        log_cap = log_bound(cap, like=log_w)
+        truncated = truncated | (log_w > log_cap)
+        out = out.clamp_(max=log_cap)  # min(ℓ, log C)
+    if floor is not None:
+        log_floor = log_bound(floor, like=log_w)
+        truncated = truncated | (log_w < log_floor)
+        out = out.clamp_(min=log_floor)  # max(·, log C_min)
+    return out, truncated
+
+
 def seq_tis(
     *,
     log_ratio: Float[Tensor, "B T"],
     mask: Shaped[Tensor, "B T"],
-    cap: float = SEQ_TIS_CAP,
+    cap: float | None = SEQ_TIS_CAP,
+    floor: float | None = None,
+    ratio: SeqRatio | str = "product",
     renormalize: Renormalize | str | None = None,
 ) -> Corrected:
     """Sequence-level truncated importance sampling [exact: the VCPO baseline, arXiv 2602.17616].
 
     w̄_i = min(exp(S_i), C) = exp(min(S_i, log C)), S_i = Σ_t m_{i,t} ℓ_{i,t}, broadcast to the tokens of sequence i.
-    Computed in log space (never a product of token ratios). ``renormalize`` as in :func:`token_tis` (verl;
-    ``"sequence"`` divides by the mean of w̄ over non-empty sequences). Nothing is masked.
+    Computed in log space (never a product of token ratios). Options, defaults unchanged:
+
+    * ``floor`` C_min: w̄_i = exp(clamp(S_i, log C_min, log C)) (TRL ``vllm_importance_sampling_mode=
+      "sequence_truncate"`` with ``vllm_importance_sampling_clip_min``);
+    * ``cap=None``: no upper truncation, w̄_i = exp(S_i) (clamped at e^{±20} like every weight);
+    * ``ratio="geometric"``: the geometric-mean ratio exp(S̄_i), S̄_i = S_i / L_i, truncated the same way (AReaL's
+      ``rejection_sampling`` with ``level="sequence", metric="ratio", agg="mean", action="clamp"``);
+    * ``renormalize`` as in :func:`token_tis` (verl; ``"sequence"`` divides by the mean of w̄ over non-empty
+      sequences). Nothing is masked.
 
     ==============  =========  ====================================================
     ``log_ratio``   [B, T]     ℓ = log π_prox − log μ (detached here)
@@ -243,18 +266,17 @@ def seq_tis(
     ``weights``     [B, T]     w̄_i on the masked tokens of sequence i, 0 elsewhere
     ==============  =========  ====================================================
 
-    Metrics: ``is/weight_*``, ``is/truncated_frac`` (tokens of sequences with exp(S_i) > C),
+    Metrics: ``is/weight_*``, ``is/truncated_frac`` (tokens of sequences clamped at C or C_min),
     ``is/seq_truncated_frac`` (fraction of non-empty sequences truncated).
     """
-    check_bounds(None, cap)
+    check_bounds(floor, cap)
+    check_choice("ratio", ratio, SEQ_RATIOS)
     check_choice("renormalize", renormalize, (*RENORMALIZE_MODES, None))
     m = as_bool_mask(mask)
     ell = log_ratio.detach()
-    S = seq_log_ratio(ell, m)  # S_i = Σ_t m ℓ
-    log_cap = log_bound(cap, like=S)
-    seq_truncated = log_cap < S  # exp(S_i) > C
-    log_w = torch.minimum(S, log_cap)  # log w̄_i = min(S_i, log C)
-    w = where_masked(broadcast_seq(safe_exp(log_w), ell), m)
+    S = seq_log_ratio(ell, m) if ratio == "product" else geo_log_ratio(ell, m)  # S_i = Σ_t m ℓ, or S̄_i
+    log_w, seq_truncated = _clamp_log(S, cap=cap, floor=floor)  # log w̄_i = clamp(S_i, log C_min, log C)
+    w = where_masked(broadcast_seq(safe_exp_(log_w), ell), m)
     if renormalize is not None:
         w = where_masked(_renormalize(w, m, renormalize), m)
     truncated = broadcast_keep(seq_truncated, m)

@@ -103,6 +103,8 @@ def why_not_hosted(spec: MethodSpec) -> str | None:
                 "phase start, gradient norms or values): AReaL computes the advantages")  # fmt: skip
     if spec.objective.type in ("gmc_grpo", "oapl"):
         return f"objective {spec.objective.type!r} needs the rewards and groups, which AReaL's loss input lacks"
+    if spec.objective.type in ("clip_cov", "kl_cov"):
+        return f"objective {spec.objective.type!r} ranks Cov(log π, A) over the batch; AReaL's loss sees a micro-batch"
     if spec.kl.type == "in_reward":
         return "KL in the reward needs the rewards: use AReaL's own kl_ctl"
     for key in required_inputs(_hosted_spec(spec)):

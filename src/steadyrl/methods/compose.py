@@ -30,11 +30,13 @@ import torch
 from torch import Tensor
 
 from steadyrl.core import kl as core_kl
-from steadyrl.core import proximal, rejection, weights
+from steadyrl.core import proximal, rejection, segments, weights
 from steadyrl.core.advantages import grpo, opob, otb, vaco, vtrace
 from steadyrl.core.diagnostics import staleness_diagnostics
-from steadyrl.core.ess import sequence_ess
+from steadyrl.core.ess import sequence_ess, weights_ess
 from steadyrl.core.masking import (
+    AggMode,
+    EmptyRows,
     aggregate,
     all_masked_flag,
     as_bool_mask,
@@ -45,7 +47,23 @@ from steadyrl.core.masking import (
     seq_log_ratio,
     where_masked,
 )
-from steadyrl.core.objectives import filters, gmc_grpo, m2po, oapl, pnpo, ppo, tic_grpo
+from steadyrl.core.objectives import (
+    bapo,
+    cispo,
+    cov_penalty,
+    dppo,
+    filters,
+    gmc_grpo,
+    gmpo,
+    m2po,
+    oapl,
+    pnpo,
+    ppo,
+    sapo,
+    tic_grpo,
+    topr,
+    vespo,
+)
 from steadyrl.core.types import Corrected, LossOutput, Metrics
 from steadyrl.methods import spec as S
 from steadyrl.methods.batch import LossBatch
@@ -72,7 +90,7 @@ def _rewards(method: S.MethodSpec, b: LossBatch, logp: Tensor, mask: Tensor, *, 
         assert b.ref_logp is not None
         out = core_kl.kl_in_reward(
             logp=logp, ref_logp=b.ref_logp, mask=mask, rewards=seq_in, token_rewards=token_in,
-            beta=method.kl.beta, kind=method.kl.kind,
+            beta=method.kl.beta, kind=method.kl.kind, value_clamp=method.kl.value_clamp,
         )  # fmt: skip
         return _Rewards(out.returns, out.token_rewards, out.metrics)
     if token_in is not None:
@@ -121,7 +139,10 @@ def _grpo(adv: S.GrpoAdvantage, x: AdvantageInputs) -> Advantages:
     seq_r = x.rewards.seq
     assert seq_r is not None and x.b.group_ids is not None
     r = grpo.length_corrected_rewards(rewards=seq_r, mask=x.mask) if adv.length_corrected else seq_r
-    out = grpo.grpo_advantages(rewards=r, group_ids=x.b.group_ids, scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased)
+    out = grpo.grpo_advantages(
+        rewards=r, group_ids=x.b.group_ids, scale=adv.scale, eps=adv.eps, unbiased=adv.unbiased,
+        batch_std=adv.batch_std, singleton=adv.singleton,
+    )  # fmt: skip
     return _from_seq(out.advantages, x, out.metrics)
 
 
@@ -150,6 +171,7 @@ def _otb(adv: S.OtbAdvantage, x: AdvantageInputs) -> Advantages:
     out = otb.otb_advantages(
         returns=_return_to_go(x.rewards.token, x.mask), token_logp=x.prox, sum_p2=x.b.sum_p2.detach(),
         mask=x.mask, group_ids=x.b.group_ids, token_weights=safe_exp(x.ell) if adv.importance_weighted else None,
+        eps=adv.eps, alignment=adv.alignment, zero_lone_baseline=adv.zero_lone_baseline,
     )  # fmt: skip
     return out.advantages, None, {**x.rewards.metrics, **out.metrics}
 
@@ -227,6 +249,7 @@ class Step(NamedTuple):
     mask: Tensor  # the current mask (after the corrections applied so far)
     w: Tensor | None = None  # product of the correction weights (objectives only); None while all ones
     seq_rewards: Tensor | None = None  # [B] returns (OAPL only)
+    mask_in: Tensor | None = None  # the input mask, before any correction (denominator='input' counts on it)
 
     @property
     def norm_len(self) -> float | None:
@@ -240,8 +263,11 @@ class Step(NamedTuple):
     @property
     def token_loss_args(self) -> dict[str, Any]:
         """The keyword arguments every token-level objective of ``core.objectives`` shares."""
-        return {"logp": self.logp, "prox_logp": self.prox, "mask": self.mask, "agg": self.method.agg,
+        args = {"logp": self.logp, "prox_logp": self.prox, "mask": self.mask, "agg": self.method.agg,
                 "norm_len": self.norm_len}  # fmt: skip
+        if self.method.denominator == "input":  # rejected tokens stay in the denominators (spec.MethodSpec)
+            args["count_mask"] = self.mask_in
+        return args
 
 
 # ------------------------------------------------------------------------------------------------- corrections
@@ -253,7 +279,8 @@ def _mis(fn: Callable[..., Corrected]) -> Callable[[Any, Step], Corrected]:
 
 def _m2po_mask(c: S.M2POMask, x: Step) -> Corrected:
     return m2po.m2po_mask(  # δ = log μ − log π_prox (measured, also under bypass)
-        log_ratio=x.behav - x.measured, mask=x.mask, tau=c.tau, harmful_only=c.harmful_only, advantages=x.adv_tok
+        log_ratio=x.behav - x.measured, mask=x.mask, tau=c.tau, harmful_only=c.harmful_only, advantages=x.adv_tok,
+        budget_over=c.budget_over,
     )
 
 
@@ -269,14 +296,17 @@ CORRECTIONS: dict[type, Callable[[Any, Step], Corrected]] = {
     S.TokenTIS: lambda c, x: weights.token_tis(
         log_ratio=x.ell, mask=x.mask, cap=c.cap, floor=c.floor, renormalize=c.renormalize
     ),
-    S.SeqTIS: lambda c, x: weights.seq_tis(log_ratio=x.ell, mask=x.mask, cap=c.cap),
+    S.SeqTIS: lambda c, x: weights.seq_tis(
+        log_ratio=x.ell, mask=x.mask, cap=c.cap, floor=c.floor, ratio=c.ratio, renormalize=c.renormalize
+    ),
     S.TokenMIS: _mis(weights.token_mis),
     S.SeqMIS: _mis(weights.seq_mis),
     S.GeoMIS: _mis(weights.geo_mis),
     S.IcePop: _mis(weights.icepop),
-    S.TokenVeto: lambda c, x: weights.token_veto(log_ratio=x.ell, mask=x.mask, threshold=c.threshold),
+    S.TokenVeto: lambda c, x: weights.token_veto(log_ratio=x.ell, mask=x.mask, threshold=c.threshold, weight=c.weight),
     S.Rejection: lambda c, x: rejection.divergence_rejection(
-        log_ratio=x.ell, mask=x.mask, metric=c.metric, level=c.level, seq_agg=c.seq_agg, lower=c.lower, upper=c.upper
+        log_ratio=x.ell, mask=x.mask, metric=c.metric, level=c.level, seq_agg=c.seq_agg, lower=c.lower, upper=c.upper,
+        ratio_bounds=c.ratio_bounds, convention=c.convention, weight=c.weight, behav_logp=x.behav,
     ),
     S.OPSM: lambda c, x: rejection.opsm(
         logp=x.logp, behav_logp=x.behav, advantages=x.seq_adv, mask=x.mask, delta=c.delta
@@ -291,6 +321,10 @@ CORRECTIONS: dict[type, Callable[[Any, Step], Corrected]] = {
         logp=x.logp, behav_logp=x.behav, mask=x.mask, c_low=c.c_low, c_high=c.c_high
     ),
     S.ESTRMask: _estr,
+    S.SeqLogprobError: lambda c, x: rejection.seq_logprob_error_mask(
+        log_ratio=x.ell, mask=x.mask, threshold=c.threshold
+    ),
+    S.SegmentTIS: lambda c, x: segments.segment_tis(log_ratio=x.ell, mask=x.mask, cap=c.cap),
 }
 
 
@@ -324,14 +358,25 @@ def _oapl(obj: S.OAPL, x: Step) -> LossOutput:
     )  # fmt: skip
 
 
+
+def _dppo(obj: S.DPPOTV | S.DPPOKL, x: Step) -> LossOutput:
+    return dppo.dppo_loss(  # the anchor is π_prox: μ under policy=bypass (the dppo presets)
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, divergence=obj.DIVERGENCE, delta_low=obj.delta_low,
+        delta_high=obj.delta_high, trunc=obj.trunc, surrogate=obj.surrogate, sq_log_ratio_coef=obj.sq_log_ratio_coef,
+    )
+
+
 OBJECTIVES: dict[type, Callable[[Any, Step], LossOutput]] = {
     S.PPOClip: lambda obj, x: ppo.ppo_clip_loss(
         **x.token_loss_args, advantages=x.adv_tok, weights=x.w, clip_low=obj.clip_low, clip_high=obj.clip_high,
-        dual_clip=obj.dual_clip,
+        dual_clip=obj.dual_clip, empty_rows=obj.empty_rows,
     ),
-    S.Reinforce: lambda obj, x: ppo.reinforce_loss(**x.token_loss_args, advantages=x.adv_tok, weights=x.w),
+    S.Reinforce: lambda obj, x: ppo.reinforce_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, surrogate=obj.surrogate
+    ),
     S.GSPO: lambda obj, x: ppo.gspo_loss(
-        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, clip_low=obj.clip_low, clip_high=obj.clip_high
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, clip_low=obj.clip_low, clip_high=obj.clip_high,
+        form=obj.form, log_ratio_cap=obj.log_ratio_cap, empty_rows=obj.empty_rows,
     ),
     S.M2POClip: _m2po_clip,
     S.PNPO: lambda obj, x: pnpo.pnpo_loss(
@@ -344,7 +389,52 @@ OBJECTIVES: dict[type, Callable[[Any, Step], LossOutput]] = {
         group_ids=x.b.group_ids, eps=obj.eps, cap=obj.cap, agg=x.method.agg, norm_len=x.norm_len,
     ),
     S.OAPL: _oapl,
+    S.VESPO: lambda obj, x: vespo.vespo_loss(
+        logp=x.logp, ratio_logp=x.behav if obj.ratio_to == "behavior" else x.prox, advantages=x.seq_adv,
+        mask=x.mask, weights=x.w, k_pos=obj.k_pos, lambda_pos=obj.lambda_pos, k_neg=obj.k_neg,
+        lambda_neg=obj.lambda_neg, agg=x.method.agg, norm_len=x.norm_len,
+    ),
+    S.CISPO: lambda obj, x: cispo.cispo_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, clip_low=obj.clip_low, clip_high=obj.clip_high
+    ),
+    S.SAPO: lambda obj, x: sapo.sapo_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, tau_pos=obj.tau_pos, tau_neg=obj.tau_neg,
+        empty_rows=obj.empty_rows,
+    ),
+    S.GMPO: lambda obj, x: gmpo.gmpo_loss(
+        **x.token_loss_args, advantages=x.seq_adv, weights=x.w, clip_low=obj.clip_low, clip_high=obj.clip_high,
+        empty_rows=obj.empty_rows,
+    ),
+    S.TOPR: lambda obj, x: topr.topr_loss(
+        logp=x.logp, behav_logp=x.behav, advantages=x.seq_adv, mask=x.mask, weights=x.w, agg=x.method.agg,
+        norm_len=x.norm_len, value=obj.value,
+    ),
+    S.DPPOTV: _dppo,
+    S.DPPOKL: _dppo,
+    S.ClipCov: lambda obj, x: cov_penalty.clip_cov_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, clip_low=obj.clip_low, clip_high=obj.clip_high,
+        frac=obj.frac, cov_lb=obj.cov_lb, cov_ub=obj.cov_ub,
+        generator=cov_penalty.selection_generator(obj.seed, x.b.learner_version, x.logp.device),
+    ),
+    S.KLCov: lambda obj, x: cov_penalty.kl_cov_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, frac=obj.frac, coef=obj.coef
+    ),
+    S.BAPO: lambda obj, x: bapo.bapo_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, target=obj.target, balance=obj.balance,
+        dual_clip=obj.dual_clip, path=bapo.search_path(
+            low_start=obj.low_start, low_max=obj.low_max, low_step=obj.low_step, high_start=obj.high_start,
+            high_max=obj.high_max, high_step=obj.high_step, order=obj.order,
+        ),
+    ),
 }
+
+
+def _kl_reduction(spec: S.MethodSpec) -> tuple[AggMode, EmptyRows]:
+    """(agg, empty_rows) of the KL-in-loss term: its own when ``kl.agg`` is set, else the objective's reduction."""
+    assert isinstance(spec.kl, S.KLInLoss)
+    if spec.kl.agg is not None:
+        return spec.kl.agg, spec.kl.empty_rows
+    return spec.agg, getattr(spec.objective, "empty_rows", "skip")  # objectives without the option skip empty rows
 
 
 def _rename_is(metrics: Metrics, prefix: str) -> Metrics:
@@ -420,7 +510,9 @@ def compute_loss(
 
     adv_tok, adv_seq, metrics = _advantages(spec, b, logp=logp, prox=prox, behav=behav, ell=ell, mask=mask0)
     metrics = {**metrics, **approx_metrics}
-    step = Step(spec, b, logp, prox, measured, behav, ell, adv_tok, adv_seq, mask0)
+    # Under bypass π_prox := μ, so ℓ = 0; bypass_ratio='current' lets the corrections read π_θ (detached)/μ (verl).
+    ell_corr = where_masked(logp.detach() - behav, mask0) if spec.bypass_ratio == "current" else ell
+    step = Step(spec, b, logp, prox, measured, behav, ell_corr, adv_tok, adv_seq, mask0, mask_in=mask0)
     w: Tensor | None = None  # the product of the correction weights; None while it is all ones
     for c in spec.corrections:
         res = CORRECTIONS[type(c)](c, step)
@@ -429,14 +521,27 @@ def compute_loss(
         step = step._replace(mask=res.mask)
         metrics.update(_rename_is(res.metrics, c.type))
     mask = step.mask
+    if spec.weights_ess:  # verl's rollout_is_eff_sample_size: the corrections' weights, every input token a sample
+        w_all = torch.ones_like(logp.detach()) if w is None else w
+        metrics["is/ess_ratio_weights"] = weights_ess(weights=w_all, mask=mask0).ess_ratio
     seq_rewards = _rewards(spec, b, logp, mask0).seq if spec.objective.type == "oapl" else None
     out = OBJECTIVES[type(spec.objective)](spec.objective, step._replace(w=w, seq_rewards=seq_rewards))
     loss = out.loss
     metrics.update(out.metrics)
     if isinstance(spec.kl, S.KLInLoss):
         assert b.ref_logp is not None
-        ref = core_kl.reference_kl(logp=logp, ref_logp=b.ref_logp, mask=mask, kind=spec.kl.kind)
-        kl_term = aggregate(ref.kl, mask, spec.agg, norm_len=None if spec.norm_len is None else float(spec.norm_len))
+        ref = core_kl.reference_kl(
+            logp=logp, ref_logp=b.ref_logp, mask=mask, kind=spec.kl.kind, value_clamp=spec.kl.value_clamp,
+            straight_through=spec.kl.straight_through,
+        )  # fmt: skip
+        if spec.kl.bias_correction != "none":  # k·π_θ/π_prox, the ratio with gradient (TRL use_bias_correction_kl)
+            ref = core_kl.importance_weighted_kl(
+                kl=ref.kl, logp=logp, prox_logp=prox, mask=mask, level=spec.kl.bias_correction
+            )
+        kl_agg, kl_rows = _kl_reduction(spec)
+        kl_term = aggregate(
+            ref.kl, mask, kl_agg, norm_len=None if spec.norm_len is None else float(spec.norm_len), empty_rows=kl_rows
+        )
         loss = loss + spec.kl.beta * kl_term
         metrics.update(ref.metrics)
         metrics["loss/kl"] = kl_term.detach()
@@ -459,4 +564,6 @@ def compute_loss(
     if not return_details:
         return LossOutput(loss, metrics)
     w_out = where_masked(torch.ones_like(logp.detach()) if w is None else w.detach(), mask)
+    if spec.pad_weight == "one":  # TRL reports its token ratio exp(0) = 1 at padding
+        w_out = torch.where(mask0, w_out, 1.0)
     return LossDetails(loss, metrics, w_out, mask, adv_tok.detach())

@@ -316,6 +316,159 @@ PRESETS: tuple[Preset, ...] = (
 
         source=_VERL_RC,
     ),
+    Preset(
+        "vespo",
+        "VESPO: detached gamma kernel φ(W) = W^k·e^{λ(1−W)} of the sequence ratio W = π_θ(y)/μ(y) (k, λ = 2, 3 for "
+        "A ≥ 0 and 3, 2 for A < 0) scaling −A·log π_θ, no clip, token-mean",
+        "2602.10693",
+        "reference-code",
+        {"objective": {"type": "vespo"}, "agg": "token-mean"},
+        source="authors' verl recipe (github.com/FloyedShen/VESPO recipe/vespo); TRL loss_type='vespo'",
+    ),
+    Preset(
+        "luspo",
+        "LUSPO: GSPO with each sequence's loss scaled by its length (token sums per sequence, mean over sequences), "
+        "clip range 2e-3 / 2.5e-3",
+        "2602.05261",
+        "reference-code",
+        {"objective": {"type": "gspo", "clip_low": 2e-3, "clip_high": 2.5e-3}, "agg": "seq-mean-token-sum"},
+        source="TRL loss_type='luspo' with importance_sampling_level='sequence'; clip range: the paper's §5.1 per TRL",
+        corrects="none",
+    ),
+    Preset(
+        "kl_bias_corrected",
+        "Reference-model k3 KL weighted by π_θ/π_prox with gradient (DeepSeek-V3.2's unbiased KL estimate), added to "
+        "the loss",
+        "2512.02556",
+        "reference-code",
+        {"kl": {"type": "in_loss", "kind": "k3", "bias_correction": "token"}},
+        source="TRL use_bias_correction_kl (its coef_1 = π_θ/π_prox)",
+        corrects="none",
+    ),
+    Preset(
+        "seq_logprob_error",
+        "NeMo-RL sequence log-prob-error mask: drop sequences whose token mean of e^{|log π_prox − log μ|} exceeds 2",
+        None,
+        "reference-code",
+        {"corrections": [{"type": "seq_logprob_error"}]},
+        source="NeMo-RL grpo.seq_logprob_error_threshold (nemo_rl/algorithms/grpo.py); 2 in its Nemotron 3 recipes",
+    ),
+    Preset(
+        "segment_tis",
+        "Segment (turn)-level truncated IS: one weight min(exp(mean ℓ over the turn), 1.2) per run of trained tokens",
+        None,
+        "reference-code",
+        {"corrections": [{"type": "segment_tis"}]},
+        source="ROLL train_infer_correction.is_weight.weight_type=segment (roll/utils/train_infer_corrections.py)",
+    ),
+    Preset(
+        "cispo",
+        "CISPO: detached clipped ratio sg(min(π_θ/π_prox, 5)) (no lower bound) scaling −A·log π_θ, so clipped tokens "
+        "keep their gradient, token-mean",
+        "2506.13585",
+        "reference-code",
+        {"objective": {"type": "cispo"}, "agg": "token-mean"},
+        source="the paper's Eq. 4 and its practice of no lower bound; cap 5 from TRL's recommended epsilon_high",
+        corrects="none",
+    ),
+    Preset(
+        "sapo",
+        "SAPO: soft sigmoid gate σ(τ(r − 1))·4/τ of r = π_θ/π_prox in place of the clip (τ = 1 for A > 0, 1.05 "
+        "otherwise), seq-mean-token-mean",
+        "2511.20347",
+        "reference-code",
+        {"objective": {"type": "sapo"}, "agg": "seq-mean-token-mean"},
+        source="the paper's gate; verl, TRL, SkyRL and AReaL compute the same gate with the same temperatures",
+        corrects="none",
+    ),
+    Preset(
+        "gmpo",
+        "GMPO: −A times the geometric mean of the token ratios, each clipped one-sided in log space to ±0.4, one term "
+        "per sequence",
+        "2507.20673",
+        "reference-code",
+        {"objective": {"type": "gmpo"}, "agg": "seq-mean-token-mean"},
+        source="authors' code (github.com/callsys/GMPO, CLIPRANGE=0.4); verl loss_mode='geo_mean'; TRL GMPOTrainer",
+        corrects="none",
+    ),
+    Preset(
+        "topr",
+        "TOPR: REINFORCE on log π_θ(y); negative-advantage sequences weighted by sg(min(1, π_θ(y)/μ(y))), positive "
+        "ones unweighted; A = R − group mean; mean over sequences of token sums",
+        "2503.14286",
+        "reconstructed",
+        {"objective": {"type": "topr"}, "advantage": {"type": "grpo", "scale": "none"}, "agg": "seq-mean-token-sum"},
+        source="the paper's TOPR gradient; the group-mean baseline (the paper's c) and the reduction are ours",
+    ),
+    Preset(
+        "dppo_tv",
+        "DPPO-Binary-TV: PPO's ratio clip replaced by a trust-region mask: a token is dropped when its probability "
+        "moved more than 0.15 from μ in its advantage's direction; REINFORCE on π_θ/μ for the rest (bypass)",
+        "2602.04879",
+        "reference-code",
+        {"objective": {"type": "dppo_tv"}, "policy": "bypass"},
+        source="the authors' verl code (github.com/sail-sg/Stable-RL) as merged into verl (loss_mode='dppo_tv'); "
+        "δ = 0.15 and the anchor μ (bypass_mode) from their verl example examples/dppo_trainer/run_qwen30b_dppo.sh",
+    ),
+    Preset(
+        "dppo_kl",
+        "DPPO-Binary-KL: drop a token when the KL between the Bernoulli distributions (μ(y), 1 − μ(y)) and "
+        "(π_θ(y), 1 − π_θ(y)) passes 0.05 in its advantage's direction; REINFORCE on π_θ/μ for the rest (bypass)",
+        "2602.04879",
+        "reference-code",
+        {"objective": {"type": "dppo_kl"}, "policy": "bypass"},
+        source="the authors' verl code (github.com/sail-sg/Stable-RL) as merged into verl (loss_mode='dppo_kl'); "
+        "δ = 0.05 and the anchor μ (bypass_mode) from their verl example examples/dppo_trainer/run_qwen30b_dppo.sh",
+    ),
+    Preset(
+        "clip_cov",
+        "Clip-Cov: PPO-clip (ε = 1) with a random 2e-4 of the tokens whose Cov(log π_θ, A) lies in (1, 5) dropped "
+        "from the loss, against entropy collapse",
+        "2505.22617",
+        "reference-code",
+        {"objective": {"type": "clip_cov"}, "agg": "token-mean"},
+        source="the authors' verl code and scripts (github.com/PRIME-RL/Entropy-Mechanism-of-RL, "
+        "recipe/dapo/7b_clip_cov.sh), merged into verl as loss_mode='clip_cov'",
+        corrects="none",
+    ),
+    Preset(
+        "kl_cov",
+        "KL-Cov: unclipped −A·π_θ/π_prox plus |log π_θ/π_prox| on the 2e-3 of the tokens with the largest "
+        "Cov(log π_θ, A), against entropy collapse",
+        "2505.22617",
+        "reference-code",
+        {"objective": {"type": "kl_cov"}, "agg": "token-mean"},
+        source="the authors' verl code and scripts (github.com/PRIME-RL/Entropy-Mechanism-of-RL, "
+        "recipe/dapo/7b_kl_cov.sh: k_percent 0.2 %, ppo_kl_coef 1), merged into verl as loss_mode='kl_cov'",
+        corrects="none",
+    ),
+    Preset(
+        "bapo",
+        "BAPO: PPO-clip whose ratio bounds are raised per batch (c_high 1.2 → 3.0, then c_low 0.6 → 0.9) until the "
+        "positive-advantage tokens carry 40 % of the loss",
+        "2510.18927",
+        "reconstructed",
+        {"objective": {"type": "bapo"}},
+        source="the paper's Algorithm 1 and §5 constants, Eq. 8 read as the positive share P/(P + N); the authors' "
+        "released verl recipe (github.com/WooooDyy/BAPO) searches the lower bound first on P/N "
+        "(objective.order=low_first, objective.balance=odds)",
+        corrects="none",
+    ),
+    Preset(
+        "bypass_pg_is",
+        "verl bypass_pg_is: no proximal recompute (π_prox := μ), REINFORCE −A·w·log π_θ with the sequence weight "
+        "w = min(π_θ(y)/μ(y), 2) computed from the current policy (detached), token-mean",
+        None,
+        "reference-code",
+        {
+            "policy": "bypass",
+            "bypass_ratio": "current",
+            "corrections": [{"type": "seq_tis", "cap": 2.0}],
+            "objective": {"type": "reinforce", "surrogate": "log_prob"},
+        },
+        source="verl 0.9.1 RolloutCorrectionConfig.bypass_pg_is (bypass_mode=True, loss_type='reinforce', "
+        "rollout_is='sequence', rollout_is_threshold=2.0; compute_policy_loss_bypass_mode)",
+    ),
 )
 
 PRESETS_BY_NAME: dict[str, Preset] = {p.name: p for p in PRESETS}

@@ -11,6 +11,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from steadyrl.core import rejection as RJ
 from steadyrl.core import weights as W
 from steadyrl.core.masking import AggMode
 
@@ -43,6 +44,14 @@ class GrpoAdvantage(_Strict):
         False, description="normalize R_i/L_i instead of R_i (TIC-GRPO's length-corrected group normalization, "
         "arXiv 2508.02833) [reconstructed]"
     )
+    batch_std: Literal["rewards", "centered"] = Field(
+        "rewards", description="scale='batch': std of the raw rewards (TRL scale_rewards='batch') or of the "
+        "group-centred rewards R − mean_g R (AReaL NormConfig mean_level='group', std_level='batch')"
+    )
+    singleton: Literal["zero", "reward"] = Field(
+        "zero", description="a group of one response: advantage 0, or baseline 0 and group std 1 so A = R/(1+eps) "
+        "(verl, SkyRL)"
+    )
 
 
 class OpobAdvantage(_Strict):
@@ -68,6 +77,15 @@ class OtbAdvantage(_Strict):
     NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids", "sum_p2")
     reads_behavior: ClassVar[bool] = True
     importance_weighted: bool = Field(True, description="put the squared token weight w_t² into W_t")
+    alignment: Literal["trained_tokens", "absolute"] = Field(
+        "trained_tokens", description="position t = the t-th trained token of a response (verl's multi-turn OTB) or "
+        "the padded column (verl's single-turn OTB)"
+    )
+    zero_lone_baseline: bool = Field(
+        True, description="baseline 0 where a response is alone at its position (verl's handle_zero_tail and groups "
+        "of one); false: the formula as written"
+    )
+    eps: float = Field(1e-8, ge=0, description="ε of the baseline's denominator (verl's default)")
 
 
 class CopcAdvantage(_Strict):
@@ -121,8 +139,9 @@ class TokenTIS(_Strict):
     """Token-level truncated importance sampling: min(exp ℓ_t, C) (verl C = 2, TRL C = 3)."""
 
     type: Literal["token_tis"] = "token_tis"
-    cap: float = Field(W.TOKEN_TIS_CAP, gt=0, description="truncation C")
-    floor: float | None = Field(None, gt=0, description="also clamp from below (TRL's minimum)")
+    cap: float | None = Field(W.TOKEN_TIS_CAP, gt=0, description="truncation C; None: no upper clamp (TRL "
+                              "vllm_importance_sampling_clip_max=None)")
+    floor: float | None = Field(None, gt=0, description="also clamp from below (TRL's clip_min)")
     renormalize: Literal["token", "sequence"] | None = Field(None, description="divide by the masked mean (verl)")
 
 
@@ -130,7 +149,16 @@ class SeqTIS(_Strict):
     """Sequence-level truncated IS: w̄_i = min(exp S_i, C), broadcast (VCPO baseline, C = 8)."""
 
     type: Literal["seq_tis"] = "seq_tis"
-    cap: float = Field(W.SEQ_TIS_CAP, gt=0, description="truncation C")
+    cap: float | None = Field(W.SEQ_TIS_CAP, gt=0, description="truncation C; None: the uncapped weight exp(S_i)")
+    floor: float | None = Field(None, gt=0, description="also clamp from below (TRL's clip_min with "
+                                "vllm_importance_sampling_mode='sequence_truncate')")
+    ratio: Literal["product", "geometric"] = Field(
+        "product", description="truncate exp(S_i) (default) or the geometric mean exp(S_i/L_i) (AReaL's "
+        "rejection_sampling level=sequence, metric=ratio, agg=mean, action=clamp)"
+    )
+    renormalize: Literal["token", "sequence"] | None = Field(
+        None, description="divide by the mean weight after truncation (verl rollout_is_batch_normalize: 'sequence')"
+    )
 
 
 class _MIS(_Strict):
@@ -176,17 +204,39 @@ class TokenVeto(_Strict):
 
     type: Literal["token_veto"] = "token_veto"
     threshold: float = Field(W.TOKEN_VETO_THRESHOLD, gt=0, description="veto when a token ratio < threshold")
+    weight: Literal["one", "ratio"] = Field("one", description="weight carried by kept tokens: 1 (a pure mask) or "
+                                            "their ratio π_prox/μ")
 
 
 class Rejection(_Strict):
-    """Rejection on a divergence estimator of ℓ (verl ``rollout_rs``, AReaL ``rejection_sampling.metric``)."""
+    """Rejection on a divergence statistic of ℓ (verl ``rollout_rs``, AReaL ``rejection_sampling.metric``, KPop).
+
+    verl's options: ``token_k{1,2,3}`` is ``level=token, metric=k*``; ``seq_{sum,mean,max}_k*`` is ``level=sequence,
+    seq_agg=sum|mean|max``; its k1 thresholds are ratios (``ratio_bounds=True``; ``"0.999_1.001"`` → lower, upper);
+    Geo-RS is ``seq_mean_k1`` with [0.999, 1.001]. A comma list is one ``rejection`` correction per option, the
+    sequence-level ones first. AReaL's ``metric=kl_k*`` is ``convention=areal``; ``metric=ratio`` is ``ratio``.
+    """
 
     type: Literal["rejection"] = "rejection"
-    metric: Literal["k1", "k2", "k3"] = Field("k3", description="estimator of KL(μ‖π_prox) per token")
+    metric: Literal["k1", "k2", "k3", "ratio", "binary_kl"] = Field(
+        "k3", description="statistic per token: estimator k1|k2|k3 of KL(μ‖π_prox); ratio: log(π_prox/μ) with ratio "
+        "bounds (AReaL metric=ratio); binary_kl: KPop's max of the two Bernoulli KLs of π_prox(y_t), μ(y_t) "
+        "[reconstructed: AReaL PR #1405]"
+    )
     level: Literal["token", "sequence"] = Field("sequence", description="reject tokens or whole sequences")
     seq_agg: Literal["sum", "mean", "max"] = Field("mean", description="per-sequence aggregation of the metric")
     lower: float | None = Field(None, description="keep iff metric ≥ lower (metric space, AReaL style)")
-    upper: float | None = Field(0.01, description="keep iff metric ≤ upper")
+    upper: float | None = Field(RJ.REJECTION_UPPER, description="keep iff metric ≤ upper (verl's k3 presets: 0.01)")
+    ratio_bounds: bool = Field(
+        False, description="bounds are ratios compared as log(bound) (verl's k1 thresholds); implied by metric=ratio"
+    )
+    convention: Literal["verl", "areal"] = Field(
+        "verl", description="direction of k1/k3: verl (k1 = −ℓ, k3 = e^ℓ − 1 − ℓ) or AReaL (k1 = ℓ, k3 = e^−ℓ − 1 + ℓ)"
+    )
+    weight: Literal["one", "token", "geometric"] = Field(
+        "one", description="what kept tokens carry: 1 (a pure mask, verl), π_prox/μ per token (AReaL's KL metrics) "
+        "or exp(mean_t ℓ) per sequence (AReaL's sequence-level ratio metric)"
+    )
 
 
 class OPSM(_Strict):
@@ -208,8 +258,11 @@ class M2POMask(_Strict):
     """M2PO masking variant (arXiv 2510.01161; AReaL): drop the largest δ² until mean δ² < τ."""
 
     type: Literal["m2po_mask"] = "m2po_mask"
-    tau: float = Field(0.04, gt=0, description="second-moment budget τ")
+    tau: float = Field(0.04, gt=0, description="second-moment budget τ (AReaL m2_threshold)")
     harmful_only: bool = Field(False, description="candidates only harmful tokens [reconstructed]")
+    budget_over: Literal["candidates", "valid"] = Field(
+        "candidates", description="M2 measured over the candidates (default) or every masked-in token"
+    )
 
 
 class VacoFilter(_Strict):
@@ -246,6 +299,24 @@ class ESTRMask(_Strict):
                        "note; we used 1e-6 before)")
 
 
+class SeqLogprobError(_Strict):
+    """NeMo-RL's sequence log-prob-error mask (``grpo.seq_logprob_error_threshold``) [reference-code]: drop a sequence
+    whose token mean of e^{|log π_prox − log μ|} exceeds the threshold."""
+
+    type: Literal["seq_logprob_error"] = "seq_logprob_error"
+    threshold: float = Field(2.0, ge=1, description="keep iff mean_t exp(|ℓ_t|) ≤ threshold (NeMo-RL's multiplicative "
+                             "prob error; 2 in its Nemotron 3 recipes)")
+
+
+class SegmentTIS(_Strict):
+    """ROLL's segment-level IS (``train_infer_correction.is_weight.weight_type=segment``) [reference-code]: one
+    weight per turn segment (a run of masked-in tokens), min(exp(segment mean of ℓ), C)."""
+
+    type: Literal["segment_tis"] = "segment_tis"
+    cap: float | None = Field(1.2, gt=0, description="truncation C (ROLL's is_weight.upper_bound default 1.2); None: "
+                              "no cap")
+
+
 CorrectionSpec = Annotated[
     TokenTIS
     | SeqTIS
@@ -260,7 +331,9 @@ CorrectionSpec = Annotated[
     | M2POMask
     | VacoFilter
     | CopcMask
-    | ESTRMask,
+    | ESTRMask
+    | SeqLogprobError
+    | SegmentTIS,
     Field(discriminator="type"),
 ]
 
@@ -273,12 +346,20 @@ class PPOClip(_Strict):
     clip_low: float = Field(0.2, ge=0, lt=1, description="ε_low")
     clip_high: float = Field(0.2, ge=0, description="ε_high (raise it for clip-higher, DAPO 0.28)")
     dual_clip: float | None = Field(None, gt=1, description="dual-clip c for A < 0 (verl default 3; TRL none)")
+    empty_rows: Literal["skip", "count"] = Field(
+        "skip", description="sequence means (seq-mean agg only) over the non-empty rows (skip) or over all B rows "
+        "(count: TRL loss_type='grpo', SkyRL sequence_mean, verl's trainer)"
+    )
 
 
 class Reinforce(_Strict):
     """REINFORCE surrogate −A·w·r (r = π_θ/π_prox = 1 in value at the first update)."""
 
     type: Literal["reinforce"] = "reinforce"
+    surrogate: Literal["ratio", "log_prob"] = Field(
+        "ratio", description="−A·w·r (ours) or −A·w·log π_θ (verl 0.9.1 compute_policy_loss_reinforce, its bypass-mode "
+        "REINFORCE): the same gradient at r = 1, other loss values"
+    )
 
 
 class GSPO(_Strict):
@@ -287,6 +368,17 @@ class GSPO(_Strict):
     type: Literal["gspo"] = "gspo"
     clip_low: float = Field(3e-4, ge=0, description="ε_low")
     clip_high: float = Field(4e-4, ge=0, description="ε_high")
+    form: Literal["sequence", "token"] = Field(
+        "sequence", description="s_i with its gradient (TRL, AReaL, OpenRLHF) or GSPO-token sg[s_i]·π_θ/sg[π_θ] "
+        "(the paper's §4.3; verl, SkyRL): same loss, different gradient only with token-level A or weights"
+    )
+    log_ratio_cap: float | None = Field(
+        None, description="cap log s_i above only, instead of the ±20 clamp (verl and SkyRL: 10)"
+    )
+    empty_rows: Literal["skip", "count"] = Field(
+        "skip", description="sequence means over the non-empty rows (skip) or all B rows (count: TRL "
+        "loss_type='grpo', SkyRL sequence_mean)"
+    )
 
 
 class M2POClip(_Strict):
@@ -294,9 +386,11 @@ class M2POClip(_Strict):
 
     type: Literal["m2po_clip"] = "m2po_clip"
     reads_behavior: ClassVar[bool] = True
-    tau: float = Field(0.04, gt=0, description="second-moment budget τ")
-    floor_low: float | None = Field(None, ge=0, description="minimum ε_low (0.3 in the code, unset in its scripts)")
-    floor_high: float | None = Field(None, ge=0, description="minimum ε_high (0.5 in the code, unset in its scripts)")
+    tau: float = Field(0.04, gt=0, description="second-moment budget τ (the authors' M2_budget)")
+    floor_low: float | None = Field(None, ge=0, description="minimum ε_low, the authors' miniclip_low (0.3 in "
+                                    "compute_m2po_policy_loss, unset in its scripts)")
+    floor_high: float | None = Field(None, ge=0, description="minimum ε_high, the authors' miniclip_high (0.5 in "
+                                     "compute_m2po_policy_loss, unset in its scripts)")
 
 
 class TICGRPO(_Strict):
@@ -344,8 +438,177 @@ class OAPL(_Strict):
     beta2: float = Field(1e-3, gt=0, description="scale of the log-ratio to the behavior policy")
 
 
+class VESPO(_Strict):
+    """VESPO (arXiv 2602.10693): detached gamma kernel φ(W) = W^k·exp(λ(1 − W)) of the sequence ratio W as the
+    coefficient of −A·log π_θ (authors' verl recipe; TRL ``loss_type="vespo"``) [reference-code]."""
+
+    type: Literal["vespo"] = "vespo"
+    reads_behavior: ClassVar[bool] = True
+    k_pos: float = Field(2.0, ge=0, description="exponent k for A ≥ 0 (paper's c1; authors' scripts, TRL vespo_k_pos)")
+    lambda_pos: float = Field(3.0, ge=0, description="decay λ for A ≥ 0 (paper's c2; TRL vespo_lambda_pos)")
+    k_neg: float = Field(3.0, ge=0, description="exponent k for A < 0 (TRL vespo_k_neg)")
+    lambda_neg: float = Field(2.0, ge=0, description="decay λ for A < 0 (TRL vespo_lambda_neg)")
+    ratio_to: Literal["behavior", "proximal"] = Field(
+        "behavior", description="denominator of W = Π_t π_θ/π_den: μ (the paper's W = π_θ(τ)/μ(τ)) or π_prox (the "
+        "authors' code and TRL, which fold a token TIS weight π_prox/μ into W: compose token_tis for it). Corrections' "
+        "weights are always folded into W, so with 'behavior' add no behavior-weight correction"
+    )
+
+
+_EMPTY_ROWS_DOC = (
+    "sequence means over the non-empty rows (skip: steadyrl's aggregate, verl's agg_loss) or over every row of the "
+    "batch, trained or not (count: TRL's row .mean(), verl's geo_mean, SkyRL's sequence_mean); seq-mean agg only"
+)
+
+
+class CISPO(_Strict):
+    """CISPO (MiniMax-M1, arXiv 2506.13585, Eq. 4): detached clipped ratio sg(clip(r)) as the coefficient of
+    −A·log π_θ [reference-code: ε_high is TRL's]."""
+
+    type: Literal["cispo"] = "cispo"
+    clip_low: float | None = Field(
+        None, ge=0, description="ε_low of the weight's lower bound 1 − ε_low; None: no lower bound (the paper's "
+        "practice, 'ε_low set to a large value'; TRL has none; verl clip_ratio_low, SkyRL cispo_eps_clip_low = 0)"
+    )
+    clip_high: float | None = Field(
+        4.0, ge=0, description="ε_high of the cap 1 + ε_high (4: TRL's recommended epsilon_high = 5, the cap itself; "
+        "the paper tunes it without a value; verl clip_ratio_high, SkyRL cispo_eps_clip_high = 5); None: no cap"
+    )
+
+
+class SAPO(_Strict):
+    """SAPO (arXiv 2511.20347): soft gate σ(τ(r − 1))·4/τ of the token ratio in place of the clip."""
+
+    type: Literal["sapo"] = "sapo"
+    tau_pos: float = Field(1.0, gt=0, description="τ for A > 0 (paper; verl tau_pos, TRL sapo_temperature_pos, "
+                           "SkyRL sapo.tau_pos, AReaL sapo_tau_pos: all 1.0)")
+    tau_neg: float = Field(1.05, gt=0, description="τ for A ≤ 0 (paper; verl tau_neg, TRL sapo_temperature_neg, "
+                           "SkyRL sapo.tau_neg, AReaL sapo_tau_neg: all 1.05)")
+    empty_rows: Literal["skip", "count"] = Field("skip", description=_EMPTY_ROWS_DOC)
+
+
+class GMPO(_Strict):
+    """GMPO (arXiv 2507.20673): −A_i × the geometric mean of the token ratios, each clipped one-sided in log space."""
+
+    type: Literal["gmpo"] = "gmpo"
+    clip_low: float = Field(0.4, ge=0, description="ε_low: log-ratios clipped at −ε_low (authors' CLIPRANGE 0.4; "
+                            "verl geo_mean clip_ratio_low, TRL GMPOConfig epsilon)")
+    clip_high: float = Field(0.4, ge=0, description="ε_high: log-ratios clipped at ε_high (authors' CLIPRANGE 0.4; "
+                             "verl clip_ratio_high, TRL epsilon_high)")
+    empty_rows: Literal["skip", "count"] = Field("skip", description=_EMPTY_ROWS_DOC)
+
+
+class TOPR(_Strict):
+    """TOPR (arXiv 2503.14286): REINFORCE on log π_θ(y); rows with A < 0 weighted by sg(min(1, π_θ(y)/μ(y)))."""
+
+    type: Literal["topr"] = "topr"
+    reads_behavior: ClassVar[bool] = True
+    value: Literal["unit", "logp"] = Field(
+        "unit", description="loss value (same gradient): −w·α·A per token (unit: steadyrl's REINFORCE convention, no "
+        "absolute log-probs in the value) or the paper's surrogate −w·α·A·log π_θ (logp)"
+    )
+
+
+class _DPPO(_Strict):
+    """DPPO (arXiv 2602.04879): a trust-region mask on a divergence in probability space, not a ratio clip. The
+    anchor is π_prox: μ under ``policy=bypass`` (the paper's recommendation, which the presets set)."""
+
+    delta_low: float = Field(gt=0, description="δ_low: A < 0 tokens whose probability fell past it are dropped")
+    delta_high: float = Field(gt=0, description="δ_high: A > 0 tokens whose probability rose past it are dropped")
+    trunc: float | None = Field(
+        None, gt=0, description="C of the detached ratio weight min(r, C) (verl clip_ratio_c: 20 in its function, 3 "
+        "from ActorConfig's default; the authors' repository 10; their verl example 1e4); None: no truncation "
+        "(SkyRL, prime-rl)"
+    )
+    surrogate: Literal["ratio", "log_prob"] = Field(
+        "ratio", description="−A·r (SkyRL, prime-rl) or −A·sg(min(r, C))·log π_θ (verl, the authors): same gradient"
+    )
+    sq_log_ratio_coef: float = Field(
+        0.0, ge=0, description="κ of the (log r)² term on every trained token (prime-rl's default loss: kl_tau = 1e-3)"
+    )
+
+
+class DPPOTV(_DPPO):
+    """DPPO-Binary-TV: drop a token when |π_θ(y) − π_anc(y)| passes δ in its advantage's direction."""
+
+    type: Literal["dppo_tv"] = "dppo_tv"
+    DIVERGENCE: ClassVar[str] = "tv"
+    delta_low: float = Field(0.15, gt=0, description="δ_low (authors' verl example: 0.15; SkyRL and prime-rl 0.2)")
+    delta_high: float = Field(0.15, gt=0, description="δ_high (authors' verl example: 0.15; SkyRL and prime-rl 0.2)")
+
+
+class DPPOKL(_DPPO):
+    """DPPO-Binary-KL: drop a token when KL(Bern(π_anc(y)) ‖ Bern(π_θ(y))) passes δ in its advantage's direction."""
+
+    type: Literal["dppo_kl"] = "dppo_kl"
+    DIVERGENCE: ClassVar[str] = "kl"
+    delta_low: float = Field(0.05, gt=0, description="δ_low (authors' verl example: 0.05)")
+    delta_high: float = Field(0.05, gt=0, description="δ_high (authors' verl example: 0.05)")
+
+
+class ClipCov(_Strict):
+    """Clip-Cov (arXiv 2505.22617): PPO-clip, with a random ρ·N of the tokens whose Cov(log π_θ, A) lies in
+    (ω_low, ω_high) dropped from the loss (verl ``clip_cov``, SkyRL ``CLIP_COV``)."""
+
+    type: Literal["clip_cov"] = "clip_cov"
+    clip_low: float = Field(1.0, ge=0, le=1, description="PPO ε_low (the authors' Clip-Cov scripts: 1, i.e. no lower "
+                            "clip; verl's default 0.2)")
+    clip_high: float = Field(1.0, ge=0, description="PPO ε_high (the authors' Clip-Cov scripts: 1; verl's 0.2)")
+    frac: float = Field(2e-4, gt=0, le=1, description="ρ: fraction of the trained tokens dropped (authors, verl, "
+                        "SkyRL clip_cov_ratio / clip_ratio: 2e-4)")
+    cov_lb: float = Field(1.0, description="ω_low: candidates have Cov > ω_low (authors, verl, SkyRL: 1)")
+    cov_ub: float = Field(5.0, description="ω_high: candidates have Cov < ω_high (authors, verl, SkyRL: 5)")
+    seed: int | None = Field(
+        0, description="seed of the random draw, combined with the learner's version: the same draw on every "
+        "evaluation of a step's loss, a new one each step; None: torch's global generator (verl's randperm)"
+    )
+
+
+class KLCov(_Strict):
+    """KL-Cov (arXiv 2505.22617): unclipped −A·r plus β·|log r| on the top-k·N tokens by Cov(log π_θ, A) (verl
+    ``kl_cov``, SkyRL ``KL_COV``)."""
+
+    type: Literal["kl_cov"] = "kl_cov"
+    frac: float = Field(2e-3, gt=0, le=1, description="k: fraction of the trained tokens penalized (authors' 7B "
+                        "script 2e-3, 32B 2e-4; verl kl_cov_ratio 2e-4; SkyRL kl_cov_frac 0.2)")
+    coef: float = Field(1.0, ge=0, description="β of β·|log r| (authors and SkyRL ppo_kl_coef: 1; verl's "
+                        "PolicyLossConfig: 0.1)")
+
+
+class BAPO(_Strict):
+    """BAPO (arXiv 2510.18927): PPO-clip with ratio bounds [c_low, c_high] searched per batch until the positive
+    tokens carry a share ρ0 of the loss (Algorithm 1; §5 constants)."""
+
+    type: Literal["bapo"] = "bapo"
+    target: float = Field(0.4, ge=0, description="ρ0, the positive share to reach (paper §5: 0.4); with "
+                          "balance='odds' the ratio P/N (the released recipe: 1 in its yaml, 0.5 in its script)")
+    balance: Literal["share", "odds"] = Field(
+        "share", description="share: P/(P + N) ≥ ρ0 (Eq. 8); odds: P/N ≥ target (the authors' released recipe)"
+    )
+    low_start: float = Field(0.6, gt=0, le=1, description="a⁻, the first c_low (paper §5: 0.6)")
+    low_max: float = Field(0.9, gt=0, le=1, description="b⁻, the largest c_low (paper §5: 0.9)")
+    low_step: float = Field(0.02, gt=0, description="δ2, the c_low step (paper §5: 0.02)")
+    high_start: float = Field(1.2, ge=1, description="a⁺, the first c_high (paper §5: 1.2)")
+    high_max: float = Field(3.0, ge=1, description="b⁺, the largest c_high (paper §5: 3.0)")
+    high_step: float = Field(0.05, gt=0, description="δ1, the c_high step (paper §5: 0.05)")
+    order: Literal["high_first", "low_first"] = Field(
+        "high_first", description="raise c_high to b⁺ first, then c_low (Algorithm 1), or c_low first (the released "
+        "recipe, whose steps stop exactly at the maxima)"
+    )
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip c for A < 0 (the released recipe: verl's 3; "
+                                    "Algorithm 1 has none)")
+
+    @model_validator(mode="after")
+    def _ranges_are_ordered(self) -> BAPO:
+        if self.low_start > self.low_max or self.high_start > self.high_max:
+            raise ValueError("BAPO's ranges must be ordered: low_start ≤ low_max and high_start ≤ high_max")
+        return self
+
+
 ObjectiveSpec = Annotated[
-    PPOClip | Reinforce | GSPO | M2POClip | TICGRPO | GMCGRPO | PNPO | OAPL, Field(discriminator="type")
+    PPOClip | Reinforce | GSPO | M2POClip | TICGRPO | GMCGRPO | PNPO | OAPL | VESPO | CISPO | SAPO | GMPO | TOPR
+    | DPPOTV | DPPOKL | ClipCov | KLCov | BAPO,
+    Field(discriminator="type"),
 ]
 
 
@@ -363,6 +626,10 @@ class KLInReward(_Strict):
     NEEDS: ClassVar[tuple[str, ...]] = ("ref_logp",)
     beta: float = Field(1e-3, ge=0, description="β (VCPO's ablation: 0.001)")
     kind: Literal["k1", "k2", "k3", "abs", "low_var_kl"] = Field("k1", description="estimator of KL(π_θ‖π_ref)")
+    value_clamp: float | None = Field(
+        None, gt=0, description="clamp every estimator's value to ±c (OpenRLHF compute_approx_kl and AReaL "
+        "KLEstimator: 10)"
+    )
 
 
 class KLInLoss(_Strict):
@@ -372,6 +639,23 @@ class KLInLoss(_Strict):
     NEEDS: ClassVar[tuple[str, ...]] = ("ref_logp",)
     beta: float = Field(1e-3, ge=0, description="β")
     kind: Literal["k1", "k2", "k3", "abs", "low_var_kl"] = Field("low_var_kl", description="estimator")
+    value_clamp: float | None = Field(
+        None, gt=0, description="clamp every estimator's value to ±c (OpenRLHF compute_approx_kl and AReaL "
+        "KLEstimator: 10)"
+    )
+    straight_through: bool = Field(
+        False, description="value of kind, gradient of k2 = x²/2 (verl kl_loss_type 'k3+', 'low_var_kl+', ...)"
+    )
+    agg: AggMode | None = Field(
+        None, description="reduce the KL term with this mode instead of the method's agg and the objective's "
+        "empty_rows (OpenRLHF: token-mean; SkyRL: seq-mean-token-mean with empty_rows='count')"
+    )
+    empty_rows: Literal["skip", "count"] = Field("skip", description="with agg set: as the objectives' empty_rows")
+    bias_correction: Literal["none", "token", "sequence"] = Field(
+        "none", description="multiply k by π_θ/π_prox with gradient (DeepSeek-V3.2's unbiased KL estimate, arXiv "
+        "2512.02556; TRL use_bias_correction_kl): per token, or the sequence's geometric-mean ratio (TRL with "
+        "importance_sampling_level='sequence')"
+    )
 
 
 KLSpec = Annotated[NoKL | KLInReward | KLInLoss, Field(discriminator="type")]
@@ -403,6 +687,10 @@ ControllerSpec = Annotated[EssStepSize | GAC, Field(discriminator="type")]
 
 
 # ------------------------------------------------------------------------------------------------------ method
+#: Objectives whose reduction takes the count mask (``MethodSpec.denominator='input'``).
+INPUT_DENOMINATOR_OBJECTIVES: tuple[str, ...] = ("ppo_clip", "reinforce", "gspo", "m2po_clip")
+
+
 class MethodSpec(_Strict):
     """A complete method: advantage → corrections → objective (+ KL), and step-level controllers."""
 
@@ -423,6 +711,24 @@ class MethodSpec(_Strict):
     recompute_prox: bool = Field(
         False, description="the learner recomputes π_prox before the first update (AReaL decoupled PPO)"
     )
+    denominator: Literal["kept", "input"] = Field(
+        "kept", description="the token and sequence counts the objective divides by: after the corrections' "
+        "rejections (kept, verl) or of the input mask, rejected tokens counted (input: TRL loss_type dapo/bnpo/grpo, "
+        "whose IS masking zeroes weights; AReaL's loss_mask_count). Objectives ppo_clip, reinforce, gspo, m2po_clip"
+    )
+    bypass_ratio: Literal["one", "current"] = Field(
+        "one", description="policy=bypass: the ratio the corrections read, π_prox/μ = 1 (π_prox := μ, every "
+        "correction a no-op) or π_θ(detached)/μ (current: verl's bypass mode computes rollout_is/rollout_rs from the "
+        "current log-probs)"
+    )
+    pad_weight: Literal["zero", "one"] = Field(
+        "zero", description="value of return_details' weights outside the input mask: 0 (verl, AReaL) or 1 (TRL's "
+        "token-level importance_sampling_ratio, exp(0) at padding)"
+    )
+    weights_ess: bool = Field(
+        False, description="also log is/ess_ratio_weights: verl's rollout_is_eff_sample_size, the ESS ratio of the "
+        "corrections' weights over the input mask's tokens, each token one sample"
+    )
     prox_approx: Literal["none", "loglinear"] = Field(
         "none", description="none: π_prox is the batch's prox_logp (recomputed) or π_θ detached; loglinear: A-3PO "
         "(arXiv 2512.06547; AReaL prox_logp_method=loglinear): log μ + α(log π_θ − log μ) with "
@@ -439,6 +745,18 @@ class MethodSpec(_Strict):
             )
         if self.prox_approx != "none" and self.advantage.type == "vaco":
             raise ValueError("advantage.type='vaco' needs the recomputed π_prox of the phase: set prox_approx='none'")
+        return self
+
+    @model_validator(mode="after")
+    def _conventions_apply(self) -> MethodSpec:
+        """``denominator='input'`` needs an objective that takes the count mask; ``bypass_ratio`` needs bypass."""
+        if self.denominator == "input" and self.objective.type not in INPUT_DENOMINATOR_OBJECTIVES:
+            raise ValueError(
+                f"denominator='input' is implemented for the objectives {', '.join(INPUT_DENOMINATOR_OBJECTIVES)}; "
+                f"objective.type={self.objective.type!r} divides by its own counts"
+            )
+        if self.bypass_ratio != "one" and self.policy != "bypass":
+            raise ValueError(f"bypass_ratio={self.bypass_ratio!r} applies to policy='bypass' only")
         return self
 
     @model_validator(mode="after")

@@ -15,7 +15,7 @@ from steadyrl.core.objectives.m2po import (
     m2po_clip_range,
     m2po_mask,
 )
-from steadyrl.core.objectives.ppo import ppo_clip_loss
+from steadyrl.core.objectives.ppo import clipped_surrogate, ppo_clip_loss
 from tests.core.objectives._batches import DT, assert_close, clamp20, dims, make_batch, seeds
 
 TOL = 1e-12
@@ -65,13 +65,15 @@ def _ref_clip(delta, mask, adv, tau, floor_low=None, floor_high=None):
             if csum + (n - k - 1) * (v[k] - TOL) >= tau * n - TOL:
                 tp = 0.0 if k == 0 else math.sqrt(max(v[k - 1] - TOL, 0.0))
                 break
-    tp32 = torch.tensor(tp, dtype=torch.float32)
-    el, eh = 1.0 - torch.exp(-tp32), torch.exp(tp32) - 1.0
-    if floor_low is not None:
-        el = torch.clamp(el, min=floor_low)
-    if floor_high is not None:
-        eh = torch.clamp(eh, min=floor_high)
-    return el, eh, tp, v
+    # The authors' order: float32 bounds exp(∓τ') as Python floats, then ε = 1 − lo, hi − 1 and the floors in Python.
+    lo = float(torch.exp(torch.tensor(-tp, dtype=torch.float32)))
+    hi = float(torch.exp(torch.tensor(tp, dtype=torch.float32)))
+    el, eh = 1.0 - lo, hi - 1.0
+    if floor_low is not None and el < floor_low:
+        el = floor_low
+    if floor_high is not None and eh < floor_high:
+        eh = floor_high
+    return torch.tensor(el, dtype=DT), torch.tensor(eh, dtype=DT), tp, v
 
 
 def _as_set(mask: torch.Tensor) -> set[tuple[int, int]]:
@@ -165,9 +167,9 @@ def test_clip_range_hand_example() -> None:
     # v = .01 .04 .25 1; τn = .16: k=0 → .04, k=1 → .13, k=2 → .55 ≥ .16 → τ'² = v_1 = 0.04
     assert int(out.k) == 2
     assert_close(out.tau_prime, math.sqrt(0.04 - TOL))
-    assert out.clip_low.dtype == torch.float32 and out.clip_high.dtype == torch.float32
-    assert_close(out.clip_low.to(DT), 1.0 - math.exp(-0.2), atol=1e-7)
-    assert_close(out.clip_high.to(DT), math.exp(0.2) - 1.0, atol=1e-7)
+    assert out.clip_low.dtype == torch.float64 and out.clip_high.dtype == torch.float64
+    assert_close(out.clip_low, 1.0 - math.exp(-0.2), atol=1e-7)
+    assert_close(out.clip_high, math.exp(0.2) - 1.0, atol=1e-7)
     assert_close(out.m2, 1.3 / 4)
     assert_close(out.m2_after, (0.01 + 3 * (0.04 - TOL)) / 4)
 
@@ -242,3 +244,29 @@ def test_outputs_are_detached() -> None:
     rng = m2po_clip_range(log_ratio=delta, mask=mask, advantages=adv)
     assert not out.weights.requires_grad and not rng.clip_low.requires_grad and not rng.clip_high.requires_grad
     assert all(not v.requires_grad for v in [*out.metrics.values(), *rng.metrics.values()])
+
+
+def test_clip_bound_order_keeps_a_token_on_the_bound_unclipped() -> None:
+    """The authors compute the float32 ratio bounds e^{∓τ'} first and ε from them in Python floats, so a ratio on the
+    bound is clipped on neither side. τ' ≈ 1.1 > ln 2 here, where 1 − e^{−τ'} taken in float32 rounds."""
+    # Harmful tokens (A > 0, r > 1 ⇔ δ < 0) with δ² = c, c, c, c, 4c, 4c (c = 1.2): M2 = 2.4c; τ = 1.2c → k = 4,
+    # τ'² = c − 1e-12.
+    c = math.sqrt(1.2)
+    delta = -torch.tensor([[c, c, c, c, 2 * c, 2 * c]], dtype=DT)
+    adv = torch.ones(1, 6, dtype=DT)
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    rng = m2po_clip_range(log_ratio=delta, mask=mask, advantages=adv, tau=1.44)
+    assert int(rng.k) == 4 and float(rng.tau_prime) > math.log(2.0)
+    lo = float(torch.exp(-rng.tau_prime.float()))  # the authors' float32 bounds
+    hi = float(torch.exp(rng.tau_prime.float()))
+    assert 1.0 - float(rng.clip_low) == lo and 1.0 + float(rng.clip_high) == hi  # exact, both sides
+    f32_order = 1.0 - float(1.0 - torch.exp(-rng.tau_prime.float()))  # ε_low in float32 first: off by rounding
+    assert f32_order != lo
+    # A ratio sitting on each bound, as PPO's clipped surrogate sees it: not clipped (the clipped branch is no larger).
+    r = torch.tensor([lo, hi], dtype=DT)
+    a = torch.tensor([-1.0, 1.0], dtype=DT)  # A < 0 tests the lower bound, A > 0 the upper one
+    bounds = {"lower": 1.0 - rng.clip_low, "upper": 1.0 + rng.clip_high}
+    out = clipped_surrogate(ratio=r, advantages=a, **bounds)
+    assert not out.clipped.any() and torch.equal(torch.clamp(r, bounds["lower"], bounds["upper"]), r)
+    old = clipped_surrogate(ratio=r, advantages=a, lower=torch.tensor(f32_order, dtype=DT), upper=bounds["upper"])
+    assert bool(old.clipped[0])  # the float32-first order clips the token on the lower bound

@@ -18,8 +18,14 @@ Frameworks differ only in the normalizer, so it is explicit here (``scale``, ``u
                                                           re-weights prompts by their difficulty, so drop it
 ==========  ============================================  =================================================
 
+Two conventions that frameworks differ on are options of :func:`grpo_advantages`: ``batch_std="centered"`` takes the
+batch std of the group-centred rewards R_i − mean_g R instead of the raw rewards (AReaL 1.0.4 ``NormConfig``
+``mean_level="group", std_level="batch"``, LitePPO's group mean with batch std, arXiv 2508.08221), and
+``singleton="reward"`` gives a group of one response baseline 0 and group std 1 (verl 0.9.1, SkyRL 0.3.0), so its
+advantage is R_i / (1 + ε) instead of 0.
+
 VCPO's OPOB path uses the population std and skips the division below 1e-8 (see ``opob``). A group of one response
-has std 0 (``groups.group_std`` convention), so its advantage is exactly 0.
+has std 0 (``groups.group_std`` convention), so its advantage is exactly 0 (``singleton="zero"``, the default).
 """
 
 from __future__ import annotations
@@ -33,14 +39,23 @@ from torch import Tensor
 from steadyrl.core.groups import group_count, group_mean, group_std
 from steadyrl.core.masking import as_bool_mask, broadcast_seq, detach_metrics, masked_mean, where_masked
 from steadyrl.core.types import Metrics
+from steadyrl.core.weights import check_choice
 
 GrpoScale = Literal["group", "batch", "none"]
 GRPO_SCALES: tuple[str, ...] = get_args(GrpoScale)
+#: What ``scale="batch"`` takes the std of: the raw rewards (TRL) or the group-centred rewards (AReaL).
+BatchStd = Literal["rewards", "centered"]
+BATCH_STDS: tuple[str, ...] = get_args(BatchStd)
+#: A group of one response: advantage 0 (``zero``) or its reward over 1 + ε (``reward``: verl's mean 0, std 1).
+Singleton = Literal["zero", "reward"]
+SINGLETONS: tuple[str, ...] = get_args(Singleton)
 
 #: verl's ``norm_adv_by_std_in_grpo`` epsilon (unbiased std). Our default.
 VERL_STD_EPS: float = 1e-6
 #: TRL's GRPOTrainer epsilon (unbiased std).
 TRL_STD_EPS: float = 1e-4
+#: AReaL's ``NormConfig.eps`` default (unbiased std, ``std_unbiased=True``).
+AREAL_STD_EPS: float = 1e-5
 #: A group whose population reward std is below this counts as "zero std" in ``adv/zero_std_frac``.
 ZERO_STD_TOL: float = 1e-8
 
@@ -71,6 +86,8 @@ def grpo_advantages(
     scale: GrpoScale | str = "group",
     eps: float = VERL_STD_EPS,
     unbiased: bool = True,
+    batch_std: BatchStd = "rewards",
+    singleton: Singleton = "zero",
 ) -> GroupAdvantages:
     """GRPO advantages A_i = (R_i − mean_g R) / (std R + ε), with the normalizer chosen by ``scale`` [exact].
 
@@ -84,15 +101,28 @@ def grpo_advantages(
     ``scale``               ``group`` | ``batch`` | ``none`` (module table)
     ``eps``                 ε added to the std (verl 1e-6, TRL 1e-4); ignored for ``none``
     ``unbiased``            std with n − 1 (verl, TRL) or n (population) in the denominator
+    ``batch_std``           ``scale="batch"``: std of the raw rewards around the batch mean (TRL
+                            ``scale_rewards="batch"``) or of the group-centred rewards R − mean_g
+                            (``centered``: AReaL ``mean_level="group", std_level="batch"``)
+    ``singleton``           a group of one: A = 0 (``zero``) or baseline 0 and group std 1, so
+                            A = R/(1+ε) under ``group`` (``reward``: verl, SkyRL)
     ===============  =====  ==================================================================
 
     Reduction: the mean is always per group; the std is per group (``group``) or over the whole batch (``batch``).
     A divisor of exactly 0 (only with ``eps=0`` and a constant group) leaves R_i − mean unscaled instead of
     dividing 0 by 0. Returns a :class:`GroupAdvantages`; every tensor is detached.
     """
+    check_choice("singleton", singleton, SINGLETONS)
     R = rewards.detach()
-    safe = reward_scale(rewards=R, group_ids=group_ids, scale=scale, eps=eps, unbiased=unbiased)
+    safe = reward_scale(
+        rewards=R, group_ids=group_ids, scale=scale, eps=eps, unbiased=unbiased, batch_std=batch_std
+    )
     baseline = group_mean(R, group_ids=group_ids)  # mean_{j∈g(i)} R_j
+    if singleton == "reward":  # verl / SkyRL: a group of one has mean 0 and std 1
+        alone = group_count(group_ids, dtype=R.dtype) == 1
+        baseline = where_masked(baseline, ~alone)
+        if scale == "group":
+            safe = torch.where(alone, torch.full_like(safe, 1.0 + eps), safe)
     centered = R - baseline
     advantages = centered / safe  # A_i = (R_i − mean_g R) / (std + ε)
     metrics = sequence_advantage_metrics(advantages=advantages, baseline=baseline, rewards=R, group_ids=group_ids)
@@ -119,10 +149,12 @@ def reward_scale(
     scale: GrpoScale | str = "group",
     eps: float = VERL_STD_EPS,
     unbiased: bool = True,
+    batch_std: BatchStd = "rewards",
 ) -> Float[Tensor, " B"]:
     """GRPO's divisor of R_i − baseline for each response (module table), detached.
 
-    ``group``: std_{g(i)} R + ε; ``batch``: std of all B rewards + ε; ``none``: 1. A divisor of exactly 0 (only
+    ``group``: std_{g(i)} R + ε; ``batch``: std of all B rewards + ε (``batch_std="centered"``: of the B group-centred
+    rewards R_i − mean_{g(i)} R, whose batch mean is 0; AReaL); ``none``: 1. A divisor of exactly 0 (only
     with ``eps=0`` and a constant scope) is replaced by 1, so the centred reward is left unscaled instead of dividing
     0 by 0. Shared by every estimator that normalizes like GRPO (``grpo_advantages``, ``vaco.vaco_advantages``).
     """
@@ -130,10 +162,13 @@ def reward_scale(
         raise ValueError(f"scale={scale!r} is not one of {', '.join(GRPO_SCALES)}")
     if eps < 0:
         raise ValueError(f"eps={eps} must be >= 0")
+    check_choice("batch_std", batch_std, BATCH_STDS)
     R = rewards.detach()
     if scale == "none":
         return torch.ones_like(R)  # Dr.GRPO: no std division
     scope = group_ids if scale == "group" else torch.zeros_like(group_ids)  # "batch": one scope for all
+    if scale == "batch" and batch_std == "centered":
+        R = R - group_mean(R, group_ids=group_ids)  # AReaL: the batch std of R − mean_g R
     divisor = group_std(R, group_ids=scope, unbiased=unbiased) + eps  # std + ε
     return torch.where(divisor > 0, divisor, torch.ones_like(divisor))
 

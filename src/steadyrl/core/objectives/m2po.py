@@ -81,8 +81,8 @@ class M2POClipRange(NamedTuple):
     ===============  =====  ===========================================================================
     field            dtype  meaning
     ===============  =====  ===========================================================================
-    ``clip_low``     f32    ε_low = 1 − e^{−τ'} (≥ ``floor_low`` when given); 1 when no clip is needed
-    ``clip_high``    f32    ε_high = e^{τ'} − 1 (≥ ``floor_high`` when given); +inf when no clip is needed
+    ``clip_low``     f64    ε_low = 1 − e^{−τ'} (≥ ``floor_low`` when given); 1 when no clip is needed
+    ``clip_high``    f64    ε_high = e^{τ'} − 1 (≥ ``floor_high`` when given); +inf when no clip is needed
     ``tau_prime``    f64    τ', the log-ratio bound; +inf when no clip is needed
     ``m2``           f64    M2 of the harmful tokens, mean δ² (0 when there are none)
     ``m2_after``     f64    mean_j min(δ_j², τ'²) over the harmful tokens (= ``m2`` when no clip is needed)
@@ -217,8 +217,14 @@ def m2po_clip_range(
         no clip               if n = 0 or M2 = (1/n) Σ v ≤ τ + 1e-12
         k  = min{k : Σ_{j≤k} v_j + (n − k − 1)·(v_k − 1e-12) ≥ τ·n − 1e-12}
         τ'² = v_{k−1} − 1e-12   (τ' = 0 if k = 0, or if τ·n ≤ 1e-12)
-        ratio bounds [e^{−τ'}, e^{τ'}]  (float32)  →  ε_low = 1 − e^{−τ'},  ε_high = e^{τ'} − 1
+        ratio bounds [e^{−τ'}, e^{τ'}]  (float32)  →  ε_low = 1 − e^{−τ'},  ε_high = e^{τ'} − 1  (float64)
         optional floors: ε_low ← max(ε_low, floor_low), ε_high ← max(ε_high, floor_high)
+
+    The order is the authors' (``kpo_clip_harmful_tokens`` returns the float32 bounds as Python floats and
+    ``compute_m2po_policy_loss`` takes ε = 1 − bound, bound − 1 in Python): 1 − ε_low and 1 + ε_high are then exactly
+    the float32 bounds, so a ratio sitting on a bound is unclipped on both sides, as in their code. (In a float32 loss
+    ``ppo.ppo_clip_loss`` forms 1 − ε in float32, exact while ε_low ≤ 1/2, i.e. τ' ≤ ln 2.) Their floors are
+    ``miniclip_low`` / ``miniclip_high`` (here ``floor_low`` / ``floor_high``) and their budget ``M2_budget`` (τ).
 
     τ'² snaps down to a breakpoint just below v_{k−1}, so Σ_j min(v_j, τ'²) ≤ τ·n. The 1e-12 offsets are the
     authors' (``BREAKPOINT_TOL``); the search runs in float64, as their ``.item()`` arithmetic does. Choices where
@@ -258,9 +264,14 @@ def m2po_clip_range(
     tau2 = torch.where((k == 0) | (target <= BREAKPOINT_TOL), torch.zeros_like(tau2), tau2)  # τ' = 0 cases
     no_clip = (n == 0) | (m2 <= tau + BREAKPOINT_TOL)
     tau_prime = torch.where(no_clip, torch.full_like(tau2, torch.inf), tau2.sqrt())
+    # The authors' order: the ratio bounds e^{∓τ'} in float32 (``torch.exp(torch.tensor(∓τ))``), then ε from them in
+    # float64 (their Python floats), so 1 − ε_low and 1 + ε_high give back exactly those bounds; taking 1 − e^{−τ'} in
+    # float32 instead rounds it for τ' > ln 2 and moves the lower bound by an ulp.
     tau_f32 = tau_prime.to(torch.float32)
-    clip_low = 1.0 - torch.exp(-tau_f32)  # ε_low = 1 − e^{−τ'}
-    clip_high = torch.exp(tau_f32) - 1.0  # ε_high = e^{τ'} − 1
+    ratio_low = torch.exp(-tau_f32).to(torch.float64)  # e^{−τ'} (float32 value)
+    ratio_high = torch.exp(tau_f32).to(torch.float64)  # e^{τ'} (float32 value)
+    clip_low = 1.0 - ratio_low  # ε_low = 1 − e^{−τ'}, exact in float64
+    clip_high = ratio_high - 1.0  # ε_high = e^{τ'} − 1, exact in float64
     if floor_low is not None:
         clip_low = clip_low.clamp(min=floor_low)
     if floor_high is not None:

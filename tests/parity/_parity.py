@@ -1,0 +1,164 @@
+"""Shared pieces of the parity tests: random stale batches, framework loaders, and a stand-in for TRL's trainer.
+
+Each parity test calls a framework's own function and ``steadyrl.compute_loss`` (or the ``core`` function the spec
+dispatches to) on the same batch. The frameworks multiply by the mask (``x * mask``), which lets NaN at padding leak,
+so they get *finite* garbage at masked-out positions, while steadyrl gets NaN/±inf there (``Case.ours``): equal results
+then also show that steadyrl ignores padding. Float64 throughout unless a framework forces float32.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from hypothesis import strategies as st
+from torch import Tensor
+
+DT = torch.float64
+NAN, INF = float("nan"), float("inf")
+
+
+class Case(NamedTuple):
+    """A stale batch (framework view: finite garbage off the mask)."""
+
+    mask: Tensor  # [B, T] bool (rows may be empty)
+    theta: Tensor  # log π_θ
+    prox: Tensor  # log π_prox (a framework's "old" log-probs)
+    behav: Tensor  # log μ
+    ref: Tensor  # log π_ref
+    adv_seq: Tensor  # [B] heavy-tailed
+    adv_tok: Tensor  # [B, T] heavy-tailed, varying along the sequence
+
+    def ours(self, x: Tensor) -> Tensor:
+        """``x`` with NaN, +inf and −inf garbage at masked-out positions (what steadyrl must ignore)."""
+        junk = torch.tensor([NAN, INF, -INF], dtype=x.dtype)[torch.arange(x.numel()) % 3].view_as(x)
+        return torch.where(self.mask, x, junk)
+
+    def seq_tok(self) -> Tensor:
+        """The sequence advantages on every token (finite garbage off the mask, as the frameworks broadcast them)."""
+        return torch.where(self.mask, self.adv_seq[:, None].expand_as(self.mask), self.adv_tok)
+
+
+def heavy(g: torch.Generator, *shape: int) -> Tensor:
+    """A scale mixture of normals, N(0, 1)·exp(1.5·N(0, 1)): heavy tails, |x| up to ~10³ in small batches."""
+    return torch.randn(*shape, generator=g, dtype=DT) * torch.exp(1.5 * torch.randn(*shape, generator=g, dtype=DT))
+
+
+def make_case(seed: int, lengths: list[int], T: int, log_scale: float) -> Case:
+    """Rows of the given lengths (0 = all masked); log π_θ − log π_prox ~ log_scale · N(0, 1), clamped to ±20."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(lengths)
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    prox = -3.0 * torch.rand(B, T, generator=g, dtype=DT)
+    theta = prox + (log_scale * torch.randn(B, T, generator=g, dtype=DT)).clamp(-20.0, 20.0)
+    behav = prox + 0.5 * torch.randn(B, T, generator=g, dtype=DT)
+    ref = theta + torch.randn(B, T, generator=g, dtype=DT) * torch.exp(torch.randn(B, T, generator=g, dtype=DT))
+    garbage = 40.0 * torch.rand(4, B, T, generator=g, dtype=DT) - 20.0  # finite junk for the frameworks
+    clean = (theta, prox, behav, ref)
+    theta, prox, behav, ref = (torch.where(mask, x, j) for x, j in zip(clean, garbage.unbind(0), strict=True))
+    return Case(mask, theta, prox, behav, ref, heavy(g, B), heavy(g, B, T))
+
+
+@st.composite
+def cases(draw: Any, *, max_B: int = 5, max_T: int = 7, empty: bool = True) -> Case:
+    """Hypothesis: 1–5 rows of 0–7 tokens (all-masked rows when ``empty``), log-ratios of scale 1e-3 … 20."""
+    T = draw(st.integers(1, max_T))
+    lengths = draw(st.lists(st.integers(0 if empty else 1, T), min_size=1, max_size=max_B))
+    log_scale = draw(st.sampled_from([1e-3, 0.1, 1.0, 5.0, 20.0]))
+    return make_case(draw(st.integers(0, 2**31 - 1)), lengths, T, log_scale)
+
+
+def leaf(x: Tensor) -> Tensor:
+    return x.detach().clone().requires_grad_(True)
+
+
+def grad(loss: Tensor, x: Tensor) -> Tensor:
+    (g,) = torch.autograd.grad(loss, x, allow_unused=True, materialize_grads=True)
+    return g
+
+
+def assert_close(ours: Tensor, theirs: Tensor | float, *, rtol: float = 1e-9, atol: float = 1e-9) -> None:
+    theirs = torch.as_tensor(theirs, dtype=ours.dtype)
+    torch.testing.assert_close(ours.detach(), theirs.detach().to(ours.dtype), rtol=rtol, atol=atol)
+
+
+def batch(case: Case, logp: Tensor, advantages: Tensor, **extra: Tensor) -> dict[str, Tensor]:
+    """A ``compute_loss`` batch with NaN/inf garbage off the mask; μ = π_prox unless ``behav_logp`` is given."""
+    out = {"logp": logp, "behav_logp": case.ours(case.prox), "prox_logp": case.ours(case.prox), "mask": case.mask,
+           "advantages": case.ours(advantages) if advantages.dim() == 2 else advantages}  # fmt: skip
+    return out | extra
+
+
+# ---------------------------------------------------------------------------------------------------- loaders
+def skyrl_ppo_utils() -> types.ModuleType:
+    """SkyRL 0.3.0's ``ppo_utils`` (``skyrl.backends`` registered bare on Python < 3.12, as tests/integrations do)."""
+    if sys.version_info < (3, 12) and "skyrl.backends" not in sys.modules:
+        spec = importlib.util.find_spec("skyrl")
+        assert spec is not None and spec.submodule_search_locations
+        pkg = types.ModuleType("skyrl.backends")
+        pkg.__path__ = [spec.submodule_search_locations[0] + "/backends"]
+        sys.modules["skyrl.backends"] = pkg
+    return importlib.import_module("skyrl.backends.skyrl_train.utils.ppo_utils")
+
+
+def openrlhf_module(name: str) -> types.ModuleType:
+    """``openrlhf.models.<mod>`` without running ``openrlhf/models/__init__.py`` (flash-attn, CUDA only)."""
+    import openrlhf
+
+    pkg = name.rsplit(".", 1)[0]
+    if pkg not in sys.modules:
+        bare = types.ModuleType(pkg)
+        bare.__path__ = [str(Path(openrlhf.__path__[0]) / pkg.split(".")[1])]
+        sys.modules[pkg] = bare
+    return importlib.import_module(name)
+
+
+# -------------------------------------------------------------------------------------------------------- TRL
+class _OneProcess:
+    """The two ``Accelerator`` calls TRL's ``_compute_loss`` logs with, for one process (identity reductions)."""
+
+    num_processes = 1
+
+    def reduce(self, x: Tensor, reduction: str = "sum") -> Tensor:
+        return x
+
+    def gather(self, x: Tensor) -> Tensor:
+        return x
+
+    gather_for_metrics = gather
+
+
+def trl_loss(logp: Tensor, inputs: dict[str, Tensor], **config: Any) -> tuple[Tensor, dict[str, list[float]]]:
+    """TRL 1.16.0's ``GRPOTrainer._compute_loss``, run unbound on a stand-in ``self``.
+
+    The stand-in holds the attributes ``GRPOTrainer.__init__`` derives from a real ``GRPOConfig(**config)`` (the same
+    assignments: ε_low = ``epsilon``, ε_high = ``epsilon_high`` or ``epsilon``, ...), a one-process accelerator, and a
+    ``_get_per_token_logps_and_entropies`` that returns ``logp`` (the tensor TRL's forward would produce): everything
+    from the log-probs on is TRL's own code. Returns the loss and TRL's logged metrics.
+    """
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(output_dir="unused", use_cpu=True, report_to=[], bf16=False, **config)
+    B, T = logp.shape
+    self = types.SimpleNamespace(
+        args=args, accelerator=_OneProcess(), model=types.SimpleNamespace(training=True),
+        _metrics={"train": defaultdict(list)},
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp.detach()), None),
+        loss_type=args.loss_type, importance_sampling_level=args.importance_sampling_level,
+        epsilon_low=args.epsilon, epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
+        beta=args.beta, top_entropy_quantile=args.top_entropy_quantile,
+        off_policy_mask_threshold=args.off_policy_mask_threshold, use_vllm=args.use_vllm,
+        vllm_importance_sampling_correction=args.vllm_importance_sampling_correction,
+        max_completion_length=args.max_completion_length, current_gradient_accumulation_steps=1,
+        _entropy_bonus_enabled=False, aux_loss_enabled=False,
+    )  # fmt: skip
+    ids = torch.ones(B, T, dtype=torch.long)
+    full = {"prompt_ids": ids[:, :1], "prompt_mask": ids[:, :1], "completion_ids": ids} | inputs
+    loss = GRPOTrainer._compute_loss(self, None, full)
+    return loss, dict(self._metrics["train"])
