@@ -45,7 +45,7 @@ TEMP = 0.8
 VERSION = 5
 HOSTED = [p.name for p in PRESETS if sareal.supported(p.name)[0]]
 NOT_HOSTED = [p.name for p in PRESETS if not sareal.supported(p.name)[0]]
-BATCH_COUPLED = {"m2po", "m2po_clip"}  # budgets over the batch: one micro-batch
+BATCH_COUPLED = {"m2po", "m2po_clip", "bapo"}  # budgets or bounds over the batch: one micro-batch
 MILD = {"geo_mis": 0.002, "rejection": 0.1}  # filters that drop everything at the default staleness
 
 

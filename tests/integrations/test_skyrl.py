@@ -55,7 +55,7 @@ B = G * N_PROMPTS
 HOSTED = [p.name for p in PRESETS if ssky.supported(p.name)[0]]
 NOT_HOSTED = [p.name for p in PRESETS if not ssky.supported(p.name)[0]]
 #: Corrections whose budget couples the whole batch: one micro-batch, as SkyRL would need to match.
-BATCH_COUPLED = {"m2po", "m2po_clip"}
+BATCH_COUPLED = {"m2po", "m2po_clip", "bapo"}  # budgets or bounds over the batch: one micro-batch
 #: Methods whose filters drop every sequence at the default staleness: a milder sampler lag keeps some.
 MILD = {"geo_mis": 0.002, "rejection": 0.1}
 

@@ -77,7 +77,7 @@ def verl_config(agg: str, clip: tuple[float, float], c: float, trainer: bool, ma
 AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(case=cases(), agg=st.sampled_from(AGGS), clip=CLIPS, dual=st.sampled_from([3.0, 1.5, None]),
        trainer=st.booleans())  # fmt: skip
 def test_verl_vanilla(case: Case, agg: str, clip: tuple[float, float], dual: float | None, trainer: bool) -> None:

@@ -274,7 +274,14 @@ class Step(NamedTuple):
 # One entry per correction spec: (spec, step) → Corrected. ``tests/methods/test_dispatch.py`` checks that every
 # member of ``spec.CorrectionSpec`` has one.
 def _mis(fn: Callable[..., Corrected]) -> Callable[[Any, Step], Corrected]:
-    return lambda c, x: fn(log_ratio=x.ell, mask=x.mask, lower=c.lower, upper=c.upper, weight=c.weight)
+    def run(c: Any, x: Step) -> Corrected:
+        res = fn(log_ratio=x.ell, mask=x.mask, lower=c.lower, upper=c.upper, weight=c.weight)
+        if c.rejected == "drop":
+            return res
+        # rejected="zero": the rejected tokens keep their place in the mask (and the denominators) with weight 0
+        return Corrected(where_masked(res.weights, res.mask), x.mask, res.metrics, unit_weights=False)
+
+    return run
 
 
 def _m2po_mask(c: S.M2POMask, x: Step) -> Corrected:

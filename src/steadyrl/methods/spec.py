@@ -165,6 +165,10 @@ class _MIS(_Strict):
     lower: float | None = Field(None, gt=0, description="keep iff ratio ≥ lower (None: no lower bound)")
     upper: float | None = Field(None, gt=0, description="keep iff ratio ≤ upper (None: no upper bound)")
     weight: Literal["ratio", "one"] = Field("ratio", description="weight carried by kept tokens")
+    rejected: Literal["drop", "zero"] = Field(
+        "drop", description="rejected tokens leave the mask and the denominators (drop), or stay in the mask with "
+        "weight 0 (zero: verl's IcePop rollout_is_threshold='lower_upper', TRL's *_mask modes)"
+    )
 
 
 class TokenMIS(_MIS):

@@ -5,7 +5,7 @@ How these objectives differ from one another (ALGORITHMS.md, "Policy objectives 
 1. ``ppo_clip_loss``: per-token ratio r_t, two-sided clip, optional dual clip for A < 0 [exact].
 2. ``reinforce_loss``: no clip; −A·w·r has the value −A·w at the first update and the gradient −A·w·∇log π_θ.
 3. ``gspo_loss``: one ratio per sequence, s_i = exp(mean_t log r_t), clipped with a tiny two-sided range and
-   broadcast to the tokens [reference-code].
+   broadcast to the tokens [reference-code]; ``form="token"`` is the paper's GSPO-token variant (verl, SkyRL).
 
 Every function takes the same keyword-only inputs (shapes below) and returns ``LossOutput``. A correction (TIS,
 MIS, decoupled PPO's μ weight, ...) enters through ``weights`` (detached, multiplied per token) and ``mask``
