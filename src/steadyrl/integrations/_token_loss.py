@@ -41,6 +41,8 @@ NOT_HOSTED: dict[str, str] = {
     "sum_p2": "the policy loss receives no Σ_v π_v² of the proximal distribution",
     "behav_entropy": "the policy loss receives no entropy of the behavior distribution",
     "ref_logp": "the policy loss receives no reference log-probs (the framework adds its own reference KL)",
+    "versions": "the policy loss receives no per-token policy versions (A-3PO's interpolation weight needs them)",
+    "learner_version": "the policy loss receives no learner version (A-3PO's interpolation weight needs it)",
 }
 
 

@@ -4,13 +4,15 @@ The pipeline, in the order it runs (ALGORITHMS.md, "Two policies or three"):
 
 1. **Policies.** ``behav_logp`` = log μ; ``prox_logp`` = log π_prox, the recomputed proximal policy, or ``logp``
    detached when not given (one update per batch: VCPO's setting); in ``policy="bypass"`` π_prox := μ (verl).
-   ℓ = log π_prox − log μ is the behavior-correction log-ratio, detached.
+   ℓ = log π_prox − log μ is the behavior-correction log-ratio, detached (under bypass ℓ ≡ 0, unless
+   ``bypass_ratio="current"`` hands the corrections log π_θ − log μ, detached, as verl's bypass mode does).
 2. **Rewards.** Outcome rewards [B] (or token rewards [B,T]); ``kl.type="in_reward"`` subtracts β·k_t per token.
 3. **Advantages.** GRPO / Dr.GRPO (optionally on length-corrected rewards R_i/L_i, TIC-GRPO), OPOB, OTB, COPC TD,
    VACO (GRPO re-aligned with a one-step V-trace target on ℓ), or given; sequence advantages are broadcast to tokens.
 4. **Corrections**, in the method's order: each returns detached token weights and a mask; weights multiply, masks
    intersect. Their ``is/...`` metrics are renamed ``<correction>/...`` so they never shadow the diagnostics.
-5. **Objective** on the surviving tokens, aggregated with the method's ``agg`` mode. GMC-GRPO computes its own
+5. **Objective** on the surviving tokens, aggregated with the method's ``agg`` mode (``denominator="input"``: the
+   counts from the input mask, rejected tokens included). GMC-GRPO computes its own
    sequence weights and OAPL has no importance ratio: with them, corrections act through their masks only (their
    weights are not applied). TIC-GRPO takes one weight per sequence (the masked mean of the correction weights)
    on top of its own trajectory ratio to μ.
@@ -455,8 +457,9 @@ class LossDetails(NamedTuple):
     ``weights`` [B,T]: the product of the corrections' detached weights (1 on kept tokens of pure masks, 1 when the
     method has no weighting correction; 0 off ``mask``); ``mask`` [B,T] bool: the tokens the objective trained on
     (the input mask minus every rejection); ``advantages`` [B,T]: the token advantages after the estimator (0 off the
-    input mask). All detached. An objective's own internal weights (CISPO's clipped ratio, GMC-GRPO's capped sequence
-    weights, ...) are the objective's and appear in its metrics, not here.
+    input mask). All detached; ``pad_weight="one"`` reports 1 outside the input mask (TRL's convention). An
+    objective's own internal weights (CISPO's clipped ratio, GMC-GRPO's capped sequence weights, ...) are the
+    objective's and appear in its metrics, not here.
     """
 
     loss: Tensor
