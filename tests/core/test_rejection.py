@@ -294,3 +294,131 @@ def test_opsm_on_policy_and_all_masked() -> None:
     out = opsm(logp=lp, behav_logp=lp + 5.0, advantages=-torch.ones(3), mask=mask, delta=1.0)
     assert not out.mask.any() and float(out.metrics["loss/all_masked"]) == 1.0
     assert abs(float(out.metrics["kl/opsm_seq_mean"]) - 5.0) < 1e-5
+
+
+# ----------------------------------------------------------------------------- rejected tokens and the denominators
+
+
+def _ref_aggregate(z, kept, counted, mode: str, empty_rows: str) -> float:
+    """Sums over the kept tokens, counts on ``counted`` (the mask from before the rejections)."""
+    B, T = kept.shape
+    if mode == "token-mean":
+        n = sum(bool(counted[i, t]) for i in range(B) for t in range(T))
+        return sum(float(z[i, t]) for i in range(B) for t in range(T) if kept[i, t]) / max(n, 1)
+    rows = [i for i in range(B) if counted[i].any()]
+    per = []
+    for i in rows:
+        s = sum(float(z[i, t]) for t in range(T) if kept[i, t])
+        per.append(s / int(counted[i].sum()) if mode == "seq-mean-token-mean" else s)
+    return sum(per) / (B if empty_rows == "count" else max(len(rows), 1))
+
+
+@pytest.mark.parametrize(
+    ("mode", "empty_rows"),
+    [("token-mean", "skip"), ("seq-mean-token-mean", "skip"), ("seq-mean-token-mean", "count"),
+     ("seq-mean-token-sum", "skip"), ("seq-mean-token-sum", "count")],
+)  # fmt: skip
+def test_aggregate_counts_on_the_count_mask(mode: str, empty_rows: str) -> None:
+    """``aggregate(..., count_mask=m⁰)``: the rejected tokens stay in every denominator (TRL, AReaL)."""
+    g = torch.Generator().manual_seed(9)
+    z = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    counted = torch.rand(6, 5, generator=g) > 0.3
+    counted[0] = False
+    kept = counted & (torch.rand(6, 5, generator=g) > 0.4)
+    kept[1] = False  # a row rejected entirely: still counted
+    z_in = torch.where(counted, z, float("nan"))
+    out = aggregate(z_in, kept, mode, empty_rows=empty_rows, count_mask=counted)
+    assert abs(float(out) - _ref_aggregate(z, kept, counted, mode, empty_rows)) < ATOL
+    same = aggregate(z_in, kept, mode, empty_rows=empty_rows, count_mask=None)
+    assert abs(float(same) - _ref_aggregate(z, kept, kept, mode, empty_rows)) < ATOL  # default: the kept mask
+    norm = aggregate(z_in, kept, "seq-mean-token-sum-norm", count_mask=counted)
+    assert torch.equal(norm, aggregate(z_in, kept, "seq-mean-token-sum-norm"))  # B · norm_len either way
+
+
+def _batch_for_loss(seed: int = 0):
+    from tests.methods._batch import make_batch
+
+    b = make_batch(seed=seed, scale=0.8)
+    g = torch.Generator().manual_seed(seed)
+    b["advantages"] = torch.randn(b["mask"].shape[0], generator=g, dtype=torch.float64)
+    return b
+
+
+@pytest.mark.parametrize("objective", ["ppo_clip", "reinforce"])
+def test_rejected_zero_equals_input_denominator(objective: str) -> None:
+    """One masked-IS correction before a token-level objective: keeping its rejected tokens with weight 0
+    (``rejected=zero``) and dropping them with the input denominator (``denominator=input``) give the same loss and
+    gradient; both differ from the default. (GSPO's s_i would average over the kept tokens only in the second.)"""
+    from steadyrl import compute_loss
+    from steadyrl.methods.spec import MethodSpec
+
+    def run(**fields):
+        b = _batch_for_loss(3)
+        corr = {"type": "icepop", "lower": 0.8, "upper": 1.25, "rejected": fields.pop("rejected", "drop")}
+        spec = MethodSpec.model_validate({"name": "t", "advantage": {"type": "given"}, "corrections": [corr],
+                                          "objective": {"type": objective}, **fields})  # fmt: skip
+        out = compute_loss(spec, b, return_details=True)
+        out.loss.backward()
+        return out, b["logp"].grad
+
+    zero, g_zero = run(rejected="zero")
+    inp, g_inp = run(denominator="input")
+    kept, _ = run()
+    assert 0 < int(kept.mask.sum()) < int(zero.mask.sum())  # the rejection is exercised
+    assert torch.equal(zero.mask, _batch_for_loss(3)["mask"]) and torch.equal(zero.weights, inp.weights)
+    assert torch.allclose(zero.loss, inp.loss, atol=1e-12) and torch.allclose(g_zero, g_inp, atol=1e-12)
+    assert abs(float((kept.loss - inp.loss).detach())) > 1e-6
+
+
+def test_method_conventions_refuse_what_they_cannot_do() -> None:
+    from steadyrl.methods.spec import MethodSpec
+
+    with pytest.raises(ValueError, match="denominator='input'"):
+        MethodSpec.model_validate({"name": "t", "objective": {"type": "oapl"}, "denominator": "input"})
+    with pytest.raises(ValueError, match="bypass_ratio"):
+        MethodSpec.model_validate({"name": "t", "bypass_ratio": "current"})
+    MethodSpec.model_validate({"name": "t", "policy": "bypass", "bypass_ratio": "current", "denominator": "input"})
+
+
+def test_newly_public_options_reach_core() -> None:
+    """Options that were core-only (OTB's alignment / zero_lone_baseline / eps, M2PO mask's budget_over, the veto's
+    weight) reach the core functions through the spec: ``compute_loss`` hands the objective what a direct call gives."""
+    from steadyrl import compute_loss
+    from steadyrl.core.advantages.otb import otb_advantages
+    from steadyrl.core.masking import where_masked as wm
+    from steadyrl.core.objectives.m2po import m2po_mask
+    from steadyrl.core.weights import token_veto
+    from steadyrl.methods.spec import MethodSpec
+
+    b = _batch_for_loss(5)
+    mask = b["mask"].clone()
+    mask[0, 1] = False  # a hole inside a response: the two OTB alignments differ
+    b["mask"] = mask
+    prox, behav = b["prox_logp"], b["behav_logp"]
+    spec = MethodSpec.model_validate({"name": "t", "advantage": {"type": "otb", "alignment": "absolute",
+                                      "zero_lone_baseline": False, "eps": 1e-3}})  # fmt: skip
+    out = compute_loss(spec, b, return_details=True)
+    returns = wm(b["rewards"][:, None].expand_as(mask), mask)
+    ref = otb_advantages(returns=returns, token_logp=prox, sum_p2=b["sum_p2"], mask=mask, group_ids=b["group_ids"],
+                         token_weights=torch.exp(wm(prox - behav, mask)), eps=1e-3, alignment="absolute",
+                         zero_lone_baseline=False)  # fmt: skip
+    assert torch.allclose(out.advantages, ref.advantages, atol=1e-12)
+    default = compute_loss(MethodSpec.model_validate({"name": "t", "advantage": {"type": "otb"}}), b,
+                           return_details=True)  # fmt: skip
+    assert not torch.allclose(default.advantages, ref.advantages)
+
+    spec = MethodSpec.model_validate({"name": "t", "advantage": {"type": "given"}, "corrections": [
+        {"type": "m2po_mask", "harmful_only": True, "budget_over": "valid"}]})  # fmt: skip
+    out = compute_loss(spec, b, return_details=True)
+    adv_tok = wm(b["advantages"][:, None].expand_as(mask), mask)
+    ref_m = m2po_mask(log_ratio=behav - prox, mask=mask, harmful_only=True, advantages=adv_tok, budget_over="valid")
+    assert torch.equal(out.mask, ref_m.mask)
+    cand = m2po_mask(log_ratio=behav - prox, mask=mask, harmful_only=True, advantages=adv_tok)
+    assert not torch.equal(cand.mask, ref_m.mask)  # the option changes the result on this batch
+
+    spec = MethodSpec.model_validate({"name": "t", "advantage": {"type": "given"}, "corrections": [
+        {"type": "token_veto", "threshold": 0.5, "weight": "ratio"}]})  # fmt: skip
+    out = compute_loss(spec, b, return_details=True)
+    ref_v = token_veto(log_ratio=wm(prox - behav, mask), mask=mask, threshold=0.5, weight="ratio")
+    assert torch.equal(out.mask, ref_v.mask) and torch.allclose(out.weights, ref_v.weights, atol=1e-15)
+    assert not torch.equal(out.weights, out.mask.double())  # the ratio, not 1
