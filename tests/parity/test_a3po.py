@@ -50,9 +50,12 @@ def test_proximal_approximation_matches_areal(seed: int, v: int, B: int, T: int)
     torch.testing.assert_close(ours[x["mask"]], theirs[x["mask"]], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("scale", [0.3, 3.0])  # 3.0: heavy tails, some tokens past the ratio 5 are rejected
 @pytest.mark.parametrize("seed", range(4))
-def test_actor_loss_matches_areal(seed: int) -> None:
-    x = batch(seed, 6, 9, torch.float32)
+def test_actor_loss_matches_areal(seed: int, scale: float) -> None:
+    """AReaL divides by the token count before its rejection: ``denominator=input`` (a no-op when nothing is
+    rejected, as at scale 0.3)."""
+    x = batch(seed, 6, 9, torch.float32, scale=scale)
     v = 7
     logp_a = x["logp"].clone().requires_grad_(True)
     rs = RejectionSamplingConfig(level="token", action="mask", metric="ratio", upper=5.0)
@@ -67,8 +70,10 @@ def test_actor_loss_matches_areal(seed: int) -> None:
         "a3po",
         {"logp": logp_s, "behav_logp": x["behav"], "mask": x["mask"], "advantages": x["adv"],
          "versions": x["versions"], "learner_version": v},
-        overrides={"advantage.type": "given", "agg": "token-mean"},
+        overrides={"advantage.type": "given", "agg": "token-mean", "denominator": "input"},
     )  # fmt: skip
     ours.loss.backward()
+    if scale > 1:
+        assert float(ours.metrics["loss/masked_frac"]) > 0  # the rejection acted
     torch.testing.assert_close(ours.loss, theirs, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(logp_s.grad, logp_a.grad, rtol=1e-6, atol=1e-7)
