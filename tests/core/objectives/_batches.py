@@ -1,15 +1,19 @@
 """Random float64 batches and loop-based reference helpers shared by the objective tests.
 
 References here are written from ALGORITHMS.md with Python loops over (i, t) on 0-d tensors (so autograd gives the
-reference gradient too); they never call the code under test or ``masking.aggregate``.
+reference gradient too); they never call the code under test or ``masking.aggregate``. The last four ``assert_*``
+helpers are the hostile-input checks the objectives' tests share (fully masked batch, ±1000 log-ratios, gradient flow).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
 from hypothesis import strategies as st
+
+from steadyrl.core.types import LossOutput
 
 NAN = float("nan")
 DT = torch.float64
@@ -65,6 +69,11 @@ def make_batch(
     )
 
 
+def random_signs(seed: int, B: int, T: int) -> torch.Tensor:
+    """A [B, T] float64 tensor of ±1, seeded (which tokens of a ±1000 stress batch point up and which down)."""
+    return torch.where(torch.rand(B, T, generator=torch.Generator().manual_seed(seed)) > 0.5, 1.0, -1.0).to(DT)
+
+
 def clamp20(x: torch.Tensor) -> torch.Tensor:
     """The ±20 log-ratio clamp the rules prescribe before every exp."""
     return torch.clamp(x, -20.0, 20.0)
@@ -96,3 +105,36 @@ def grad_of(loss: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """d loss / d x (zeros when the graph does not reach x)."""
     (g,) = torch.autograd.grad(loss, x, allow_unused=True, retain_graph=True)
     return torch.zeros_like(x) if g is None else g
+
+
+def assert_metrics_finite(metrics: Mapping[str, torch.Tensor]) -> None:
+    """Every metric is a finite scalar."""
+    assert all(torch.isfinite(v) for v in metrics.values())
+
+
+def assert_finite(out: LossOutput, logp: torch.Tensor) -> None:
+    """The loss, its gradient with respect to ``logp`` and every metric are finite."""
+    assert torch.isfinite(out.loss)
+    assert torch.isfinite(grad_of(out.loss, logp)).all()
+    assert_metrics_finite(out.metrics)
+
+
+def assert_all_masked_is_exact_zero(out: LossOutput, logp: torch.Tensor) -> None:
+    """Backward through an exact-0 loss gives ``logp`` a zero gradient; ``loss/all_masked`` is 1, metrics finite."""
+    out.loss.backward()
+    assert out.loss.item() == 0.0
+    assert torch.equal(logp.grad, torch.zeros_like(logp))
+    assert out.metrics["loss/all_masked"] == 1.0
+    assert_metrics_finite(out.metrics)
+
+
+def assert_grad_only_through_logp(
+    out: LossOutput, logp: torch.Tensor, mask: torch.Tensor, others: Sequence[torch.Tensor] = ()
+) -> None:
+    """Backward reaches only ``logp`` (not ``others``), finite and 0 off ``mask``; metrics are detached finite 0-d."""
+    out.loss.backward()
+    assert all(x.requires_grad and x.grad is None for x in others)
+    assert torch.isfinite(out.loss)
+    assert torch.isfinite(logp.grad).all()
+    assert torch.equal(logp.grad[~mask], torch.zeros_like(logp.grad[~mask]))  # nan garbage never leaks
+    assert all(not v.requires_grad and v.dim() == 0 and torch.isfinite(v) for v in out.metrics.values())
