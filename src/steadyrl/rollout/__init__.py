@@ -8,6 +8,8 @@ module                 holds
                        :func:`trim_padding`
 ``sampler``            :func:`generate`: batched KV-cache sampling from a ``transformers`` causal LM
 ``logprobs``           :func:`sequence_logprobs`: per-token log-probs (and entropies) with gradient
+``framing``            :func:`~steadyrl.rollout.framing.encode_tool_text`: tool output encoded without any
+                       special token
 =====================  ===========================================================================
 """
 

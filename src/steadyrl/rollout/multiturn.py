@@ -10,6 +10,8 @@ rows' calls of one turn run in parallel in the sandbox pool.
 
 Every sampled token is drawn exactly as :func:`steadyrl.rollout.sampler.generate` draws it (same sampling
 distribution, :mod:`steadyrl.rollout.distribution`, the caller's generator) and records log μ of that distribution.
+Tool output is encoded by :func:`steadyrl.rollout.framing.encode_tool_text`: a special-token string in it
+(``<|im_end|>``, ``<|im_start|>user``) is tokenized as ordinary text: a tool cannot forge an end-of-turn or role token.
 Tool-output tokens are part of the context (attended, and counted in the position ids) but were not sampled:
 ``response_mask`` is False there, ``behav_logp`` is 0, the version is ``TOOL_VERSION`` (−2), and
 ``Rollouts.tool_mask`` marks them. The response mask is therefore **not a prefix**; the attention mask of a trajectory
@@ -40,6 +42,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from steadyrl.rollout.distribution import SamplingParams, check_sampling_params, entropy_from_log_probs
 from steadyrl.rollout.distribution import sampling_log_probs as _sampling_log_probs
+from steadyrl.rollout.framing import encode_tool_text
 from steadyrl.rollout.rollouts import PAD_VERSION, TOOL_VERSION, Rollouts
 from steadyrl.rollout.sampler import cache_kwarg, encode_prompts, positions_from_mask, stop_token_ids
 from steadyrl.rollout.scored import score_rollouts
@@ -369,12 +372,13 @@ def _append_tool_turn(
     max_tool_tokens: int,
     max_total_tokens: int,
 ) -> None:
-    """Append the tool turn (template around the output, the output cut to ``max_tool_tokens``) as context tokens."""
+    """Append the tool turn (template around the output, the output cut to ``max_tool_tokens``) as context tokens;
+    the output is framed by :func:`steadyrl.rollout.framing.encode_tool_text`, so it holds no special token."""
     row.calls += 1
     row.errors += result.error is not None
     row.timeouts += result.error == "timeout"
     head, tail = fmt.output_template.split("{output}")
-    body = tokenizer.encode(format_tool_output(result), add_special_tokens=False)[:max_tool_tokens]
+    body = encode_tool_text(tokenizer, format_tool_output(result))[:max_tool_tokens]  # never a special token
     tokens = tokenizer.encode(head, add_special_tokens=False) + body + tokenizer.encode(tail, add_special_tokens=False)
     room = max_total_tokens - len(row.ids)
     for y in tokens[:room]:

@@ -8,7 +8,7 @@ existed) fall back to what the token masks alone determine (:func:`tool_metrics_
 Batch metrics (per learner step; docs/tools.md):
 
 ``tool/calls_mean``            tool calls run per trajectory
-``tool/errors``                calls in the batch whose result had an error (crash, timeout, cpu, memory, ...)
+``tool/errors``                calls in the batch whose result had an error (crash, timeout, internal_error, ...)
 ``tool/timeouts``              calls in the batch stopped by the wall-clock limit
 ``tool/tokens_mean``           tool-output tokens per trajectory
 ``turns/mean``                 model turns per trajectory

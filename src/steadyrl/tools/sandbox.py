@@ -5,7 +5,11 @@ stdout/stderr pipes, stdin at ``/dev/null``, in a session of its own, under a su
 wall-clock limit and removes every process of the call afterwards; a fresh working directory is created for it and
 deleted after it. The parent reads stdout and stderr incrementally and kills the call once they pass the output cap.
 Nothing the code does ends the caller: every outcome is a :class:`ToolResult` (``error`` names what went wrong).
-Only a broken sandbox (it cannot be built at all) raises :class:`SandboxUnavailableError`. Linux only.
+Neither does a failure of one call's machinery (its code cannot be encoded or is too long, its directory cannot be
+made or removed, its supervisor cannot start or reports a setup error, its output cannot be read): that call's result
+says ``error="internal_error"`` with the reason in its stderr, and the other calls of a :meth:`SandboxPool.map` are
+unaffected. Only a sandbox that cannot be built at all (when :func:`run_python` or a :class:`SandboxPool` starts)
+raises :class:`SandboxUnavailableError`. Linux only.
 
 Isolation levels (``SandboxConfig.isolation``), strongest first; ``auto`` takes ``namespaces`` when a probe call
 succeeds (the result is cached per interpreter) and otherwise ``rlimits``, with a ``RuntimeWarning``.
@@ -60,7 +64,8 @@ by killing it outlives the call.
 Error kinds: ``None`` (exit status 0), ``"timeout"`` (the wall clock passed ``timeout_s``, or the pool was closed),
 ``"memory"`` (a MemoryError reached the top level), ``"cpu"`` (killed by SIGXCPU/SIGKILL at the CPU limit),
 ``"output_limit"`` (stdout + stderr passed ``max_output_bytes``), ``"blocked"`` (the audit hook ended it),
-``"crash"`` (any other nonzero exit or signal: an uncaught exception, a syntax error, ``sys.exit(1)``, a segfault).
+``"crash"`` (any other nonzero exit or signal: an uncaught exception, a syntax error, ``sys.exit(1)``, a segfault),
+``"internal_error"`` (the sandbox could not run or clean up this one call: see above; ``returncode`` is −1).
 Confidence: [exact] (no paper formula; the guarantees are those of the Linux mechanisms named above).
 """
 
@@ -89,13 +94,17 @@ from typing import Literal
 from steadyrl.tools.config import SandboxConfig
 
 #: What ended a call badly (None: it exited with status 0).
-ErrorKind = Literal["timeout", "memory", "cpu", "output_limit", "crash", "blocked"]
+ErrorKind = Literal["timeout", "memory", "cpu", "output_limit", "crash", "blocked", "internal_error"]
 
 #: uid and gid the code runs as when steadyrl runs as root (nobody / nogroup).
 SANDBOX_UID: int = 65534
 SANDBOX_GID: int = 65534
 #: Longest code accepted (bytes, UTF-8).
 MAX_CODE_BYTES: int = 1 << 20
+#: Return code of an ``internal_error`` result (no process of the call reported an exit status).
+INTERNAL_ERROR_RETURNCODE: int = -1
+#: Longest reason quoted in the stderr of an ``internal_error`` result (characters).
+MAX_REASON_CHARS: int = 300
 #: Exit statuses of the runner: ended by the audit hook / by a MemoryError.
 BLOCKED_EXIT: int = 120
 MEMORY_EXIT: int = 121
@@ -132,7 +141,7 @@ class ToolResult:
         stdout, stderr: what the code printed (UTF-8, undecodable bytes replaced), cut at the output cap.
         truncated: the output passed ``max_output_bytes`` (then ``error == "output_limit"``).
         returncode: exit status of the code's process, or −signal when a signal ended it (−9 when the sandbox
-            killed the call).
+            killed the call); −1 for ``error == "internal_error"``.
         error: None on exit status 0, else the kind of failure (see the module docstring).
         duration_s: wall-clock seconds from starting the sandbox to its end.
         isolation: the level the call ran at ("namespaces" or "rlimits").
@@ -242,12 +251,14 @@ def _probe(config: SandboxConfig, mode: str) -> str | None:
 def run_python(code: str, *, limits: SandboxConfig | None = None) -> ToolResult:
     """Run ``code`` in a fresh sandbox under ``limits`` (default :class:`SandboxConfig`) and wait for it.
 
+    Code that cannot run (longer than ``MAX_CODE_BYTES``, not encodable as UTF-8) or any other failure of this call's
+    sandbox machinery is returned as a result with ``error="internal_error"``.
+
     Raises:
-        ValueError: ``code`` is longer than ``MAX_CODE_BYTES``.
         SandboxUnavailableError: the requested isolation level cannot be built here.
     """
     config = limits or SandboxConfig()
-    return _run(code, config, resolve_isolation(config), None)
+    return _run_contained(code, config, resolve_isolation(config), None)
 
 
 @dataclass
@@ -276,15 +287,35 @@ class _LiveCalls:
                     proc.send_signal(signal.SIGTERM)
 
 
-def _prepare_dir(code: str, mode: str) -> tuple[str, str, str]:
-    """A private temporary directory holding the code file and (rlimits level) the working directory."""
+def _encode_code(code: str) -> bytes:
+    """``code`` as the UTF-8 bytes of the code file; ValueError when it is not text, not encodable or too long."""
+    if not isinstance(code, str):
+        raise ValueError(f"tool code must be a str, got {type(code).__name__}")
+    try:
+        data = code.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = code[exc.start : exc.end]
+        raise ValueError(f"tool code is not valid UTF-8 text: {bad!r} at position {exc.start} ({exc.reason})") from None
+    if len(data) > MAX_CODE_BYTES:
+        raise ValueError(f"tool code is longer than MAX_CODE_BYTES={MAX_CODE_BYTES}")
+    return data
+
+
+def _prepare_dir(code: bytes, mode: str) -> tuple[str, str, str]:
+    """A private temporary directory holding the code file and (rlimits level) the working directory; removed
+    again when it cannot be completed."""
     tmp = tempfile.mkdtemp(prefix="steadyrl-tool-")
     code_path, workdir = os.path.join(tmp, "tool.py"), os.path.join(tmp, "work")
-    Path(code_path).write_text(code, encoding="utf-8")
-    os.mkdir(workdir, 0o700)
-    if mode == "rlimits" and os.geteuid() == 0:  # the code runs as SANDBOX_UID and must reach its files
-        for path in (tmp, code_path, workdir):
-            os.chown(path, SANDBOX_UID, SANDBOX_GID)
+    try:
+        Path(code_path).write_bytes(code)
+        os.mkdir(workdir, 0o700)
+        if mode == "rlimits" and os.geteuid() == 0:  # the code runs as SANDBOX_UID and must reach its files
+            for path in (tmp, code_path, workdir):
+                os.chown(path, SANDBOX_UID, SANDBOX_GID)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _remove_tree(tmp)
+        raise
     return tmp, code_path, workdir
 
 
@@ -306,11 +337,44 @@ def _allows_ctypes(mode: str, config: SandboxConfig) -> bool:
     return mode == "namespaces" and config.site_packages
 
 
+def _short_reason(exc: BaseException) -> str:
+    """One line naming ``exc``: its type, the first and last lines of its message, at most ``MAX_REASON_CHARS``
+    (characters UTF-8 cannot encode, such as lone surrogates, are written as escapes)."""
+    message = str(exc).encode("utf-8", errors="backslashreplace").decode("utf-8")
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    text = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+    reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 3] + "..."
+
+
+def _internal_error(exc: BaseException, mode: str, duration: float) -> ToolResult:
+    """The result of a call the sandbox could not run or clean up: ``error="internal_error"``, the reason in stderr."""
+    return ToolResult(
+        stdout="",
+        stderr=f"SandboxError: the sandbox could not run this call ({_short_reason(exc)})\n",
+        truncated=False,
+        returncode=INTERNAL_ERROR_RETURNCODE,
+        error="internal_error",
+        duration_s=duration,
+        isolation=mode,
+    )
+
+
+def _run_contained(code: str, config: SandboxConfig, mode: str, live: _LiveCalls | None) -> ToolResult:
+    """:func:`_run`, with any failure of this one call's machinery returned as its ``internal_error`` result instead
+    of raised (so that one call cannot end the caller, nor the other calls of a pool)."""
+    start = time.monotonic()
+    try:
+        return _run(code, config, mode, live)
+    except Exception as exc:  # every exception here belongs to this call; the code's own failures are results already
+        return _internal_error(exc, mode, time.monotonic() - start)
+
+
 def _run(code: str, config: SandboxConfig, mode: str, live: _LiveCalls | None) -> ToolResult:
-    if len(code.encode("utf-8", errors="surrogatepass")) > MAX_CODE_BYTES:
-        raise ValueError(f"tool code is longer than MAX_CODE_BYTES={MAX_CODE_BYTES}")
+    """Run one call; raises on a failure of the sandbox machinery (the probe reports it; callers contain it)."""
+    data = _encode_code(code)
     interp = _interpreter(config.python, config.site_packages)
-    tmp, code_path, workdir = _prepare_dir(code, mode)
+    tmp, code_path, workdir = _prepare_dir(data, mode)
     try:
         status_r, status_w = os.pipe()
         spec = {
@@ -348,11 +412,14 @@ def _run(code: str, config: SandboxConfig, mode: str, live: _LiveCalls | None) -
                 cwd="/",
                 start_new_session=True,
             )
+        except BaseException:
+            os.close(status_r)
+            raise
         finally:
             os.close(status_w)
-        if live is not None:
-            live.add(proc)
         try:
+            if live is not None:
+                live.add(proc)
             out = _collect(proc, status_r, config, deadline=start + config.timeout_s + BACKSTOP_S)
         finally:
             if live is not None:
@@ -488,10 +555,11 @@ class SandboxPool:
         self._closed = False
 
     def submit(self, code: str) -> Future[ToolResult]:
-        """Queue one call; the future's result is its :class:`ToolResult`."""
+        """Queue one call; the future's result is its :class:`ToolResult` (a failure of the call's sandbox machinery
+        included: ``error="internal_error"``)."""
         if self._closed:
             raise RuntimeError("the SandboxPool is closed")
-        return self._executor.submit(_run, code, self.config, self.isolation, self._live)
+        return self._executor.submit(_run_contained, code, self.config, self.isolation, self._live)
 
     def map(self, codes: Iterable[str]) -> list[ToolResult]:
         """Run every code (up to ``workers`` at once) and return their results in order."""
