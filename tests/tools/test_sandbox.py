@@ -376,18 +376,21 @@ def test_ctypes_rule() -> None:
     }
 
 
-def test_auto_falls_back_to_rlimits_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_fails_closed_without_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without namespaces ``auto`` refuses to start, naming the cause and the explicit opt-in; it never downgrades
+    silently. ``rlimits`` asked for by name still starts."""
     real_probe = sandbox._probe
     monkeypatch.setattr(sandbox, "_probe", lambda c, mode: "no namespaces (test)" if mode == "namespaces" else None)
     sandbox._resolve.cache_clear()
     try:
-        with pytest.warns(RuntimeWarning, match="falls back to isolation='rlimits'"):
-            assert resolve_isolation(level_config("namespaces").model_copy(update={"isolation": "auto"})) == "rlimits"
+        auto = level_config("namespaces").model_copy(update={"isolation": "auto"})
+        with pytest.raises(SandboxUnavailableError, match=r"no namespaces \(test\).*tools\.sandbox\.isolation=rlimits"):
+            resolve_isolation(auto)
         with pytest.raises(SandboxUnavailableError, match="no namespaces"):
             resolve_isolation(level_config("namespaces"))
-        with pytest.warns(RuntimeWarning, match="numpy, sympy .* error='blocked'"):
-            auto = level_config("namespaces", site_packages=True).model_copy(update={"isolation": "auto"})
-            assert resolve_isolation(auto) == "rlimits"
+        with pytest.raises(SandboxUnavailableError, match=r"numpy, sympy .* error='blocked'"):
+            resolve_isolation(level_config("namespaces", site_packages=True).model_copy(update={"isolation": "auto"}))
+        assert resolve_isolation(level_config("namespaces").model_copy(update={"isolation": "rlimits"})) == "rlimits"
     finally:
         monkeypatch.setattr(sandbox, "_probe", real_probe)
         sandbox._resolve.cache_clear()

@@ -68,8 +68,9 @@ class SandboxConfig(BaseModel):
         "auto",
         description="'namespaces': user+pid+net+mount+ipc+uts namespaces and a "
         "read-only root (error if unavailable); 'rlimits': resource limits, uid drop when "
-        "root and an audit hook only; 'auto': namespaces when a probe call succeeds, else "
-        "rlimits with a warning.",
+        "root and an audit hook only (opt in explicitly: see docs/tools.md for what it does not "
+        "protect); 'auto': namespaces when a probe call succeeds, else an error naming what is "
+        "missing (never a silent downgrade to rlimits).",
     )
     python: str | None = Field(
         None,

@@ -12,7 +12,8 @@ unaffected. Only a sandbox that cannot be built at all (when :func:`run_python` 
 raises :class:`SandboxUnavailableError`. Linux only.
 
 Isolation levels (``SandboxConfig.isolation``), strongest first; ``auto`` takes ``namespaces`` when a probe call
-succeeds (the result is cached per interpreter) and otherwise ``rlimits``, with a ``RuntimeWarning``.
+succeeds (the result is cached per interpreter) and otherwise **fails closed**: :class:`SandboxUnavailableError`
+naming what is missing and the explicit opt-in ``isolation="rlimits"`` (never a silent downgrade).
 
 **namespaces** (needs unprivileged user namespaces, or root; verified here both as root and as uid 65534). The code
 runs in new pid, network, mount, ipc and uts namespaces and a user namespace of its own; as root the namespaces belong
@@ -84,7 +85,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -219,11 +219,12 @@ def _resolve(isolation: str, python: str | None, site_packages: bool) -> Literal
         if isolation == "namespaces":
             raise SandboxUnavailableError(f"isolation='namespaces' is not available here: {problem}")
         lost = " numpy, sympy and anything else loading ctypes end with error='blocked' there;" if site_packages else ""
-        warnings.warn(
-            f"Linux namespaces are not available ({problem.splitlines()[-1]}); the tool sandbox falls back to "
-            f"isolation='rlimits' (resource limits and an audit hook only;{lost} see steadyrl.tools.sandbox)",
-            RuntimeWarning,
-            stacklevel=3,
+        raise SandboxUnavailableError(  # fail closed: never a silent downgrade to the weaker level
+            f"isolation='auto' needs Linux namespaces for the tool sandbox, and they are not available here "
+            f"({problem.splitlines()[-1]}). Enable unprivileged user namespaces (kernel.unprivileged_userns_clone=1, "
+            "or a container run with user namespaces allowed), or opt in to the weaker level explicitly with "
+            f"tools.sandbox.isolation=rlimits (resource limits, a uid drop as root and an audit hook only;{lost} what "
+            "it does not protect: docs/tools.md, 'Isolation levels')"
         )
     problem = _probe(probe, "rlimits")
     if problem is not None:
