@@ -19,8 +19,10 @@ The pipeline, in the order it runs (ALGORITHMS.md, "Two policies or three"):
 6. **KL in the loss** (optional), then the **diagnostics** every run logs (ESS, weights, mismatch KL, lag) measured
    on π_prox (or π_θ detached) against μ, and the inputs of the method's controllers (``vcpo/ess_ratio``).
 
-Everything stays on the device; no host syncs. A batch with no trainable token gives an exact-zero loss with zero
-gradients and ``loss/all_masked = 1``.
+Each step dispatches through a table keyed by the spec class (``ADVANTAGES``, ``CORRECTIONS``, ``OBJECTIVES``): a new
+method is a core function, a spec class and one table entry; ``tests/methods/test_dispatch.py`` checks that every
+member of the spec unions has its entry. Everything stays on the device; no host syncs. A batch with no trainable
+token gives an exact-zero loss with zero gradients and ``loss/all_masked = 1``.
 """
 
 from __future__ import annotations
