@@ -394,3 +394,18 @@ def test_auto_fails_closed_without_namespaces(monkeypatch: pytest.MonkeyPatch) -
     finally:
         monkeypatch.setattr(sandbox, "_probe", real_probe)
         sandbox._resolve.cache_clear()
+
+
+def test_namespaces_level_does_not_show_the_repository_source() -> None:
+    """Issue 17, "less to read": an editable checkout's ``src/`` is on the interpreter's path, but the sandbox's
+    filesystem holds none of it, even with ``site_packages=True`` (the packages the code may import still load)."""
+    try:
+        resolve_isolation(level_config("namespaces"))
+    except SandboxUnavailableError as exc:
+        pytest.skip(f"isolation=namespaces unavailable here: {str(exc).splitlines()[0]}")
+    source = os.path.realpath(sandbox.__file__)  # .../steadyrl/tools/sandbox.py
+    assert os.path.exists(source)
+    code = f"import os, sympy\nprint(os.path.exists({source!r}), sympy.Integer(2) + 1)"
+    r = run_python(code, limits=level_config("namespaces", site_packages=True))
+    assert r.error is None, r.stderr
+    assert r.stdout == "False 3\n"

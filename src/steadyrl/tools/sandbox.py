@@ -194,11 +194,22 @@ def _interpreter(python: str | None, site_packages: bool) -> _Interpreter:
     binds = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
     binds += [f for f in SYSTEM_FILES if os.path.exists(f)]
     extra = {os.path.realpath(p) for p in info["paths"] if p and os.path.exists(p)}
+    own = _own_source_dir()  # an editable checkout's src/ is on sys.path; the code needs none of it
+    extra.discard(own)  # the entry itself only: a virtual environment inside the checkout stays bound
     extra |= {os.path.dirname(executable), os.path.dirname(os.path.realpath(executable))}
     for path in sorted(extra, key=len):  # shortest first, so a directory covers what lies below it
         if not _is_under(path, binds) and path != "/":
             binds.append(path)
     return _Interpreter(executable, flags, tuple(binds), symlinks)
+
+
+def _own_source_dir() -> str | None:
+    """The directory that holds the ``steadyrl`` package when it runs from a source checkout (``src/`` of an editable
+    install), so that the namespaces level does not bind the repository's source into the sandbox; None when steadyrl
+    is an installed package (its directory is then a site-packages the code may need)."""
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # .../steadyrl of .../steadyrl/tools
+    parent = os.path.dirname(package)
+    return None if os.path.basename(parent) in ("site-packages", "dist-packages") else parent
 
 
 def resolve_isolation(config: SandboxConfig) -> Literal["namespaces", "rlimits"]:
