@@ -134,21 +134,35 @@ class _OneProcess:
     gather_for_metrics = gather
 
 
-def trl_loss(logp: Tensor, inputs: dict[str, Tensor], **config: Any) -> tuple[Tensor, dict[str, list[float]]]:
+class _Trainer(types.SimpleNamespace):
+    """Instance attributes first, then ``GRPOTrainer``'s (its static helpers, e.g. ``get_gamma_weights`` for VESPO and
+    ``get_off_policy_mask`` for OPSM, come back as plain functions)."""
+
+    def __getattr__(self, name: str) -> Any:
+        from trl import GRPOTrainer
+
+        return getattr(GRPOTrainer, name)
+
+
+def trl_loss(
+    logp: Tensor, inputs: dict[str, Tensor], *, training: bool = True, **config: Any
+) -> tuple[Tensor, dict[str, list[float]]]:
     """TRL 1.16.0's ``GRPOTrainer._compute_loss``, run unbound on a stand-in ``self``.
 
     The stand-in holds the attributes ``GRPOTrainer.__init__`` derives from a real ``GRPOConfig(**config)`` (the same
     assignments: ε_low = ``epsilon``, ε_high = ``epsilon_high`` or ``epsilon``, ...), a one-process accelerator, and a
-    ``_get_per_token_logps_and_entropies`` that returns ``logp`` (the tensor TRL's forward would produce): everything
-    from the log-probs on is TRL's own code. Returns the loss and TRL's logged metrics.
+    ``_get_per_token_logps_and_entropies`` that returns ``logp`` (the tensor TRL's forward would produce); any other
+    attribute resolves to ``GRPOTrainer``'s own: everything from the log-probs on is TRL's own code. Returns the loss
+    and TRL's logged metrics (``train`` mode unless ``training=False``).
     """
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(output_dir="unused", use_cpu=True, report_to=[], bf16=False, **config)
     B, T = logp.shape
-    self = types.SimpleNamespace(
-        args=args, accelerator=_OneProcess(), model=types.SimpleNamespace(training=True),
-        _metrics={"train": defaultdict(list)},
+    mode = "train" if training else "eval"
+    self = _Trainer(
+        args=args, accelerator=_OneProcess(), model=types.SimpleNamespace(training=training),
+        _metrics={mode: defaultdict(list)},
         _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp.detach()), None),
         loss_type=args.loss_type, importance_sampling_level=args.importance_sampling_level,
         epsilon_low=args.epsilon, epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
@@ -161,4 +175,4 @@ def trl_loss(logp: Tensor, inputs: dict[str, Tensor], **config: Any) -> tuple[Te
     ids = torch.ones(B, T, dtype=torch.long)
     full = {"prompt_ids": ids[:, :1], "prompt_mask": ids[:, :1], "completion_ids": ids} | inputs
     loss = GRPOTrainer._compute_loss(self, None, full)
-    return loss, dict(self._metrics["train"])
+    return loss, dict(self._metrics[mode])

@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 pytest.importorskip("trl", reason="the TRL parity tests need trl==1.16.0 (requirements.lock)")
 
 from steadyrl import compute_loss, resolve_method
-from tests.parity._parity import DT, Case, assert_close, batch, cases, grad, leaf
-from tests.parity._trl_grpo import trl_compute_loss
+from tests.parity._parity import DT, Case, assert_close, batch, cases, grad, leaf, trl_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -31,7 +30,7 @@ ALL_ROWS = {"objective.empty_rows": "count"}  # TRL's .mean() over all B rows, a
 def _trl(case: Case, eps: tuple[float, float], level: str):
     theirs = leaf(case.theta)
     inputs = {"completion_mask": case.mask.to(DT), "advantages": case.adv_seq, "old_per_token_logps": case.prox}
-    loss, _ = trl_compute_loss(theirs, inputs, loss_type="luspo", importance_sampling_level=level, epsilon=eps[0],
+    loss, _ = trl_loss(theirs, inputs, loss_type="luspo", importance_sampling_level=level, epsilon=eps[0],
                                epsilon_high=eps[1])  # fmt: skip
     return loss, grad(loss, theirs)
 

@@ -3,7 +3,7 @@
 TRL computes the behavior-correction ratio ρ = π_prox/μ inline in ``GRPOTrainer._generate_and_score_completions``
 (``vllm_importance_sampling_mode`` ∈ token_truncate | token_mask | sequence_truncate | sequence_mask, bounds
 ``vllm_importance_sampling_clip_min`` / ``_clip_max``): the test runs that block of TRL's own source, sliced from the
-installed trainer, on the batch; then TRL's ``_compute_loss`` (``tests/parity/_trl_grpo``) multiplies its per-token
+installed trainer, on the batch; then TRL's ``_compute_loss`` (``_parity.trl_loss``) multiplies its per-token
 loss by ρ. The spec that reproduces each mode:
 
 ==================  ======================================================================================
@@ -41,7 +41,7 @@ from tests.parity._parity import Case, assert_close, batch, cases, grad, heavy, 
 trl = pytest.importorskip("trl", reason="trl==1.16.0 (requirements.lock)")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers' deprecations inside GRPOConfig
 
-from tests.parity._trl_grpo import trl_compute_loss  # noqa: E402
+from tests.parity._parity import trl_loss as trl_compute_loss  # noqa: E402
 
 #: loss_type → (agg, objective.empty_rows)
 TRL_AGG = {"grpo": ("seq-mean-token-mean", "count"), "bnpo": ("token-mean", "skip"),

@@ -23,8 +23,7 @@ from hypothesis import strategies as st
 pytest.importorskip("trl", reason="the TRL parity tests need trl==1.16.0 (requirements.lock)")
 
 from steadyrl import compute_loss, resolve_method
-from tests.parity._parity import DT, Case, assert_close, batch, cases, grad, leaf
-from tests.parity._trl_grpo import trl_compute_loss
+from tests.parity._parity import DT, Case, assert_close, batch, cases, grad, leaf, trl_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -47,7 +46,7 @@ def _run(case: Case, *, loss_type: str, level: str, beta: float, bias: bool) -> 
     theirs = leaf(case.theta)
     inputs = {"completion_mask": m, "advantages": case.adv_seq, "old_per_token_logps": case.prox,
               "ref_per_token_logps": ref, "num_items_in_batch": m.sum()}  # fmt: skip
-    loss_t, metrics_t = trl_compute_loss(
+    loss_t, metrics_t = trl_loss(
         theirs, inputs, loss_type=loss_type, importance_sampling_level=level, beta=beta,
         use_bias_correction_kl=bias, max_completion_length=MAX_LEN, epsilon=0.2, epsilon_high=0.28,
     )  # fmt: skip
@@ -87,7 +86,7 @@ def test_bias_correction_changes_the_gradient_even_on_policy() -> None:
         m = case.mask.to(DT)
         inputs = {"completion_mask": m, "advantages": case.adv_seq, "old_per_token_logps": case.prox,
                   "ref_per_token_logps": _ref_logp(case), "num_items_in_batch": m.sum()}  # fmt: skip
-        loss, _ = trl_compute_loss(theirs, inputs, loss_type="bnpo", beta=1.0, use_bias_correction_kl=bias)
+        loss, _ = trl_loss(theirs, inputs, loss_type="bnpo", beta=1.0, use_bias_correction_kl=bias)
         grads.append((loss.detach(), grad(loss, theirs)))
     assert torch.allclose(grads[0][0], grads[1][0], atol=1e-12)
     assert not torch.allclose(grads[0][1], grads[1][1], atol=1e-6)

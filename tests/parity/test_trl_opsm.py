@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 pytest.importorskip("trl", reason="the TRL parity tests need trl==1.16.0 (requirements.lock)")
 
 from steadyrl import compute_loss, resolve_method
-from tests.parity._parity import DT, Case, assert_close, batch, cases, grad, leaf, make_case
-from tests.parity._trl_grpo import trl_compute_loss
+from tests.parity._parity import DT, Case, assert_close, batch, cases, grad, leaf, make_case, trl_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -52,7 +51,7 @@ def test_opsm_equals_trl(case: Case, delta: float, loss_type: str) -> None:
     theirs = leaf(case.theta)
     inputs = {"completion_mask": m, "advantages": case.adv_seq, "old_per_token_logps": case.prox,
               "sampling_per_token_logps": case.behav, "num_items_in_batch": m.sum()}  # fmt: skip
-    loss_t, _ = trl_compute_loss(theirs, inputs, loss_type=loss_type, off_policy_mask_threshold=delta,
+    loss_t, _ = trl_loss(theirs, inputs, loss_type=loss_type, off_policy_mask_threshold=delta,
                                  max_completion_length=MAX_LEN)  # fmt: skip
     ours = leaf(case.ours(case.theta))
     spec = resolve_method("opsm", {"advantage.type": "given", "opsm.delta": delta, **REDUCTION[loss_type]})
@@ -73,7 +72,7 @@ def test_the_comparison_drops_sequences_and_the_denominator_matters() -> None:
     m = case.mask.to(DT)
     inputs = {"completion_mask": m, "advantages": case.adv_seq, "old_per_token_logps": case.prox,
               "sampling_per_token_logps": case.behav, "num_items_in_batch": m.sum()}  # fmt: skip
-    loss_t, _ = trl_compute_loss(leaf(case.theta), inputs, loss_type="dapo", off_policy_mask_threshold=0.5)
+    loss_t, _ = trl_loss(leaf(case.theta), inputs, loss_type="dapo", off_policy_mask_threshold=0.5)
     kept_denominator = compute_loss(resolve_method("opsm", {"advantage.type": "given"}),
                                     batch(case, leaf(case.ours(case.theta)), case.adv_seq,
                                           behav_logp=case.ours(case.behav)))  # fmt: skip

@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 pytest.importorskip("trl", reason="the TRL parity tests need trl==1.16.0 (requirements.lock)")
 
 from steadyrl import compute_loss, resolve_method
-from tests.parity._parity import DT, Case, assert_close, batch, cases, grad, leaf
-from tests.parity._trl_grpo import trl_compute_loss
+from tests.parity._parity import DT, Case, assert_close, batch, cases, grad, leaf, trl_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -47,7 +46,7 @@ def _trl(case: Case, old: torch.Tensor, kernel, is_ratio: torch.Tensor | None = 
               "num_items_in_batch": m.sum()}  # fmt: skip
     if is_ratio is not None:
         inputs["importance_sampling_ratio"] = is_ratio
-    loss, metrics = trl_compute_loss(theirs, inputs, loss_type="vespo", **_kernel_config(kernel))
+    loss, metrics = trl_loss(theirs, inputs, loss_type="vespo", **_kernel_config(kernel))
     return loss, grad(loss, theirs), metrics["vespo/phi_seq_mean"][-1]
 
 
