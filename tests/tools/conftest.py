@@ -8,10 +8,16 @@ import time
 import pytest
 
 from steadyrl.tools import SandboxConfig, SandboxUnavailableError, resolve_isolation
-from steadyrl.tools.sandbox import SANDBOX_UID
+from steadyrl.tools.uids import UID_COUNT
 
 #: An interpreter uid 65534 can read (the venv's may live under /root); used at the rlimits level when root.
 SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def is_sandbox_uid(uid: int) -> bool:
+    """Whether ``uid`` is one of the per-call uids the sandbox runs code as (when root)."""
+    base = SandboxConfig().uid_base
+    return os.geteuid() == 0 and base <= uid < base + UID_COUNT
 
 
 def level_config(level: str, **limits: object) -> SandboxConfig:
@@ -58,7 +64,7 @@ def sandbox_processes() -> set[int]:
             continue
         parents[pid] = int(fields["PPid"])
         uid = int(fields["Uid"].split()[0])
-        if (os.geteuid() == 0 and uid == SANDBOX_UID) or _pid_namespace(pid) not in (my_ns, None):
+        if is_sandbox_uid(uid) or _pid_namespace(pid) not in (my_ns, None):
             suspects.add(pid)
     for pid in parents:
         p = parents[pid]

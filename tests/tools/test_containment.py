@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,10 +59,10 @@ def test_run_python_returns_a_lone_surrogate_as_a_result(level: str) -> None:
 def test_a_failing_directory_setup_fails_only_its_call(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
     real_prepare = sandbox._prepare_dir
 
-    def prepare(code: str | bytes, mode: str) -> tuple[str, str, str]:
+    def prepare(code: bytes, mode: str, *args: Any) -> sandbox._CallDir:
         if MARKER in source(code):
             raise OSError(28, "No space left on device (test)")
-        return real_prepare(code, mode)  # type: ignore[arg-type]
+        return real_prepare(code, mode, *args)
 
     monkeypatch.setattr(sandbox, "_prepare_dir", prepare)
     with SandboxPool(level_config(level, workers=2)) as pool:
@@ -75,16 +74,16 @@ def test_a_failing_cleanup_fails_only_its_call(level: str, monkeypatch: pytest.M
     real_prepare, real_remove = sandbox._prepare_dir, sandbox._remove_tree
     marked: list[str] = []
 
-    def prepare(code: str | bytes, mode: str) -> tuple[str, str, str]:
-        made = real_prepare(code, mode)  # type: ignore[arg-type]
+    def prepare(code: bytes, mode: str, *args: Any) -> sandbox._CallDir:
+        made = real_prepare(code, mode, *args)
         if MARKER in source(code):
-            marked.append(made[0])
+            marked.append(made.tmp)
         return made
 
-    def remove(path: str) -> None:
-        real_remove(path)
-        if path in marked:
-            raise PermissionError(13, "Permission denied (test)", path)
+    def remove(made: sandbox._CallDir) -> None:
+        real_remove(made)
+        if made.tmp in marked:
+            raise PermissionError(13, "Permission denied (test)", made.tmp)
 
     monkeypatch.setattr(sandbox, "_prepare_dir", prepare)
     monkeypatch.setattr(sandbox, "_remove_tree", remove)
@@ -95,17 +94,22 @@ def test_a_failing_cleanup_fails_only_its_call(level: str, monkeypatch: pytest.M
 
 
 def test_a_supervisor_that_cannot_start_fails_only_its_call(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_popen = subprocess.Popen
+    real_popen, real_prepare = subprocess.Popen, sandbox._prepare_dir
+    last_code: list[bytes] = [b""]  # one worker: the code of the call whose supervisor is being started
+
+    def prepare(code: bytes, mode: str, *args: Any) -> sandbox._CallDir:
+        last_code[0] = code
+        return real_prepare(code, mode, *args)
 
     def popen(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        spec = args[-1]
-        if "code_path" in spec and MARKER in Path(sandbox.json.loads(spec)["code_path"]).read_text():
+        if MARKER in source(last_code[0]):
             raise BlockingIOError(11, "Resource temporarily unavailable (test)")
         return real_popen(args, **kwargs)
 
     with SandboxPool(level_config(level, workers=1)) as pool:
         pool.map(["print(0)"])  # the pool's thread exists before the file descriptors are counted
         fds = len(os.listdir("/proc/self/fd"))
+        monkeypatch.setattr(sandbox, "_prepare_dir", prepare)
         monkeypatch.setattr(subprocess, "Popen", popen)
         results = pool.map(CODES)
         monkeypatch.undo()
@@ -116,11 +120,11 @@ def test_a_supervisor_that_cannot_start_fails_only_its_call(level: str, monkeypa
 def test_a_setup_error_of_one_call_fails_only_that_call(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
     real_classify = sandbox._classify
 
-    def classify(got: Any, config: SandboxConfig, mode: str, duration: float) -> ToolResult:
+    def classify(got: Any, config: SandboxConfig, mode: str, duration: float, **kwargs: Any) -> ToolResult:
         if MARKER in got.stdout.decode():
             message = f"the {mode} sandbox could not be built:\nTraceback ...\nOSError: mount (test)"
             raise SandboxUnavailableError(message)
-        return real_classify(got, config, mode, duration)
+        return real_classify(got, config, mode, duration, **kwargs)
 
     monkeypatch.setattr(sandbox, "_classify", classify)
     with SandboxPool(level_config(level, workers=2)) as pool:

@@ -16,6 +16,7 @@ A ``MemoryError`` that reaches the top ends the process with ``MEMORY_EXIT``; an
 traceback (the runner's own frame removed) and exits with status 1. Stdlib only, Python ≥ 3.8.
 """
 
+import _thread
 import os
 import sys
 import traceback
@@ -43,7 +44,9 @@ PATH_EVENTS = {
 def install_audit_hook(workdir, blocked_exit, allow_ctypes):
     root = os.path.realpath(workdir)
     forbidden = ("socket.",) if allow_ctypes else ("socket.", "ctypes.")
-    own_pid, busy = os.getpid(), [False]
+    own_pid = os.getpid()
+    busy = set()  # threads now inside the hook (its own calls raise events too); per thread, so that one thread in
+    # the hook never lets another thread's events through
 
     def block(event, args):
         try:
@@ -77,9 +80,10 @@ def install_audit_hook(workdir, blocked_exit, allow_ctypes):
             return False
 
     def hook(event, args):
-        if busy[0]:
+        me = _thread.get_ident()
+        if me in busy:
             return
-        busy[0] = True
+        busy.add(me)
         try:
             if event.startswith(forbidden):
                 block(event, args)
@@ -96,7 +100,7 @@ def install_audit_hook(workdir, blocked_exit, allow_ctypes):
                     if outside(args[i], args[j] if j is not None and j < len(args) else None):
                         block(event, args)
         finally:
-            busy[0] = False
+            busy.discard(me)
 
     sys.addaudithook(hook)
 

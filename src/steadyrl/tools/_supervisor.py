@@ -1,4 +1,6 @@
-"""The sandbox's supervisor: run as ``python -I -S -B -c <this file's text> <json>`` by :mod:`steadyrl.tools.sandbox`.
+"""The sandbox's supervisor: run as ``python -I -S -B -c <_guards.py + this> <fd>`` by :mod:`steadyrl.tools.sandbox`.
+
+It reads the call's spec (JSON) from the pipe ``<fd>`` (so that no process of the call shows it in ``/proc``).
 
 Not imported by steadyrl; its text is the program of a fresh interpreter with an empty environment, no inherited file
 descriptors beyond stdout/stderr (the caller's capture pipes) and the status pipe, in a session of its own. Stdlib only,
@@ -164,6 +166,13 @@ def drop_capabilities():
     check(libc.capset(ctypes.byref(Header(LINUX_CAPABILITY_VERSION_3, 0)), data), "capset")
 
 
+def join_cgroup(procs_files):
+    """Move this process into the call's cgroup (one ``cgroup.procs`` per hierarchy) before it starts anything."""
+    for path in procs_files:
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+
+
 def count_tasks(uid):
     """Tasks (threads included: RLIMIT_NPROC counts them) whose real uid is ``uid``."""
     total = 0
@@ -221,9 +230,16 @@ def exec_tool(cfg, *, workdir, code_path, nproc, drop_to, own_userns):
         for which, soft in limits:
             hard = soft + 1 if which == resource.RLIMIT_CPU else soft  # SIGXCPU at soft, SIGKILL at hard
             resource.setrlimit(which, (soft, hard))
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # below every normal task; seccomp keeps it so
         drop_bounding_set()  # (again) the new user namespace starts with a full bounding set
         drop_capabilities()
         check(prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(NO_NEW_PRIVS)")
+        # the kernel guards (_guards.py, whose text precedes this file's in the program): Landlock is a no-op where
+        # the kernel lacks it; seccomp is applied on every architecture it knows
+        guards = cfg["guards"]
+        apply_landlock(guards["read"], guards["write"], guards["devices"])  # noqa: F821
+        if seccomp_arch_supported():  # noqa: F821
+            apply_seccomp()  # noqa: F821
         set_death_signal()  # last: every credential change above clears it
         argv = [cfg["python"], *cfg["python_flags"], "-c", cfg["runner"], code_path, workdir, *cfg["runner_args"]]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
@@ -386,7 +402,7 @@ def run_namespaces(cfg):
         write_id_maps(uid, gid)
     pid = os.fork()
     if pid == 0:
-        run_init(cfg, code, (cfg["sandbox_uid"], cfg["sandbox_gid"]) if root else None)
+        run_init(cfg, code, (cfg["sandbox_uid"], cfg["sandbox_gid"]) if cfg["sandbox_uid"] >= 0 else None)
     CHILD_PID = pid
     os.waitpid(pid, 0)
     CHILD_PID = 0
@@ -433,7 +449,7 @@ def sweep():
 def run_rlimits(cfg):
     global CHILD_PID
     check(prctl(PR_SET_CHILD_SUBREAPER, 1), "prctl(CHILD_SUBREAPER)")
-    drop_to = (cfg["sandbox_uid"], cfg["sandbox_gid"]) if os.geteuid() == 0 else None
+    drop_to = (cfg["sandbox_uid"], cfg["sandbox_gid"]) if cfg["sandbox_uid"] >= 0 else None
     uid = drop_to[0] if drop_to else os.getuid()
     # RLIMIT_NPROC counts every task of the uid on the machine: allow max_procs more than it runs now.
     nproc = count_tasks(uid) + cfg["limits"]["max_procs"]
@@ -465,12 +481,24 @@ def stop_rlimits(pid=None):
 
 def main():
     global STATUS_FD, LIFE_R, LIFE_W
-    cfg = json.loads(sys.argv[1])
+    spec_fd = int(sys.argv[1])  # the spec comes through a pipe (argv would show it to the code, in /proc/1/cmdline)
+    chunks = []
+    while True:
+        chunk = os.read(spec_fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(spec_fd)
+    cfg = json.loads(b"".join(chunks))
     STATUS_FD = cfg["status_fd"]
     os.set_inheritable(STATUS_FD, False)
     LIFE_R, LIFE_W = os.pipe()
     namespaces = cfg["mode"] == "namespaces"
     try:
+        join_cgroup(cfg["cgroup_procs"])
+        # this session's autogroup (the call's) weighs least against the caller's
+        with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+            f.write("19")
         signal.signal(signal.SIGALRM, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         signal.setitimer(signal.ITIMER_REAL, cfg["timeout_s"])

@@ -72,6 +72,15 @@ class SandboxConfig(BaseModel):
         "protect); 'auto': namespaces when a probe call succeeds, else an error naming what is "
         "missing (never a silent downgrade to rlimits).",
     )
+    uid_base: int = Field(
+        61184,
+        ge=1000,
+        le=(1 << 31) - 1 - 256,
+        description="When steadyrl runs as root, each running call's code runs as a uid (and gid) of its own from "
+        "uid_base .. uid_base + 255 (one per call at once, across every steadyrl process of the machine), so that "
+        "concurrent calls cannot read, signal or trace each other. The default is systemd's range for dynamic users "
+        "(61184-65519); choose a range no account of the machine uses.",
+    )
     python: str | None = Field(
         None,
         min_length=1,

@@ -91,16 +91,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from steadyrl.tools import cgroups, mounts, uids
 from steadyrl.tools.config import SandboxConfig
 
 #: What ended a call badly (None: it exited with status 0).
 ErrorKind = Literal["timeout", "memory", "cpu", "output_limit", "crash", "blocked", "internal_error"]
 
-#: uid and gid the code runs as when steadyrl runs as root (nobody / nogroup).
-SANDBOX_UID: int = 65534
-SANDBOX_GID: int = 65534
+#: Device files the code may open (read and write): nothing they hold is the host's.
+DEVICE_FILES: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 #: Longest code accepted (bytes, UTF-8).
 MAX_CODE_BYTES: int = 1 << 20
+#: Longest spec a call's supervisor reads from its pipe (bytes: what the pipe holds, written before it starts).
+MAX_SPEC_BYTES: int = 60_000
 #: Return code of an ``internal_error`` result (no process of the call reported an exit status).
 INTERNAL_ERROR_RETURNCODE: int = -1
 #: Longest reason quoted in the stderr of an ``internal_error`` result (characters).
@@ -121,7 +123,8 @@ SYSTEM_FILES: tuple[str, ...] = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld
 PROBE_CONFIG = SandboxConfig(timeout_s=60.0, cpu_s=30)
 
 _HERE = Path(__file__).parent
-_SUPERVISOR = (_HERE / "_supervisor.py").read_text()
+#: The supervisor's program: the kernel guards (applied by the tool process before its exec), then the supervisor.
+_SUPERVISOR = (_HERE / "_guards.py").read_text() + "\n\n" + (_HERE / "_supervisor.py").read_text()
 _RUNNER = (_HERE / "_runner.py").read_text()
 _INFO = (
     "import json, sys; print(json.dumps({'version': list(sys.version_info[:2]), "
@@ -242,8 +245,8 @@ def _resolve(isolation: str, python: str | None, site_packages: bool) -> Literal
         hint = ""
         if os.geteuid() == 0:
             hint = (
-                f"\n(as root, the code runs as uid {SANDBOX_UID}, which must be able to read the interpreter: "
-                "set SandboxConfig.python, e.g. to /usr/bin/python3)"
+                "\n(as root, the code runs as a uid of its own (from SandboxConfig.uid_base), which must be able to "
+                "read the interpreter: set SandboxConfig.python, e.g. to /usr/bin/python3)"
             )
         raise SandboxUnavailableError(f"isolation='rlimits' is not available here: {problem}{hint}")
     return "rlimits"
@@ -313,34 +316,89 @@ def _encode_code(code: str) -> bytes:
     return data
 
 
-def _prepare_dir(code: bytes, mode: str) -> tuple[str, str, str]:
-    """A private temporary directory holding the code file and (rlimits level) the working directory; removed
-    again when it cannot be completed."""
-    tmp = tempfile.mkdtemp(prefix="steadyrl-tool-")
-    code_path, workdir = os.path.join(tmp, "tool.py"), os.path.join(tmp, "work")
+@dataclass
+class _CallDir:
+    """A call's private temporary directory (``tmp``), its code file, its working directory and whether a tmpfs of
+    the call's disk quota is mounted on that working directory."""
+
+    tmp: str
+    code_path: str
+    workdir: str
+    mounted: bool = False
+
+
+def _open_nofollow_dir(path: str) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _prepare_dir(code: bytes, mode: str, owner: tuple[int, int] | None = None, disk_bytes: int = 0) -> _CallDir:
+    """A private temporary directory holding the code file and (rlimits level) the working directory; removed again
+    when it cannot be completed.
+
+    ``owner`` (rlimits level as root: the call's uid and gid): the directory and the code file stay root's (group
+    ``owner``'s gid, no write permission for it), and only the working directory is handed to ``owner`` — a tmpfs of
+    ``disk_bytes`` mounted there with that owner where root may mount, else the directory itself, changed through a
+    descriptor opened without following symlinks. Nothing the code may write exists until the last step, so no
+    root operation ever acts on a path the code could have replaced."""
+    tmp = tempfile.mkdtemp(prefix="steadyrl-tool-")  # 0700, ours: nobody else can enter it yet
+    made = _CallDir(tmp, os.path.join(tmp, "tool.py"), os.path.join(tmp, "work"))
     try:
-        Path(code_path).write_bytes(code)
-        os.mkdir(workdir, 0o700)
-        if mode == "rlimits" and os.geteuid() == 0:  # the code runs as SANDBOX_UID and must reach its files
-            for path in (tmp, code_path, workdir):
-                os.chown(path, SANDBOX_UID, SANDBOX_GID)
+        fd = os.open(made.code_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                f.write(code)
+            if owner is not None:
+                os.fchown(fd, 0, owner[1])
+                os.fchmod(fd, 0o640)  # readable by the call's group, writable by nobody but root
+        finally:
+            os.close(fd)
+        os.mkdir(made.workdir, 0o700)
+        if owner is not None:
+            made.mounted = mounts.mount_tmpfs(made.workdir, disk_bytes, owner)
+            dfd = _open_nofollow_dir(made.workdir)
+            try:
+                os.fchown(dfd, *owner)
+            finally:
+                os.close(dfd)
+            dfd = _open_nofollow_dir(tmp)
+            try:
+                os.fchown(dfd, 0, owner[1])
+                os.fchmod(dfd, 0o710)  # the call's group may pass through to its working directory, not list or write
+            finally:
+                os.close(dfd)
     except BaseException:
         with contextlib.suppress(OSError):
-            _remove_tree(tmp)
+            _remove_tree(made)
         raise
-    return tmp, code_path, workdir
+    return made
 
 
-def _remove_tree(path: str) -> None:
-    """Delete ``path``, restoring permissions the code may have taken away from its own directories."""
+def _remove_tree(made: _CallDir | str) -> None:
+    """Delete a call's directory (unmounting its working directory's tmpfs first), restoring permissions the code may
+    have taken away from directories inside it — through descriptors, never following a symlink, and never touching
+    anything outside it (a directory the code removed itself is simply gone)."""
+    if isinstance(made, str):
+        made = _CallDir(made, os.path.join(made, "tool.py"), os.path.join(made, "work"))
+    if made.mounted:
+        mounts.unmount(made.workdir)
+    root = os.path.realpath(made.tmp)
 
-    def fix(func, failed, _exc):  # type: ignore[no-untyped-def]
-        os.chmod(os.path.dirname(failed), stat.S_IRWXU)
-        if os.path.isdir(failed) and not os.path.islink(failed):
-            os.chmod(failed, stat.S_IRWXU)
+    def fix(func, failed, exc_info):  # type: ignore[no-untyped-def]
+        if isinstance(exc_info[1], FileNotFoundError):
+            return
+        parent = os.path.dirname(failed)
+        if not (parent == root or parent.startswith(root + os.sep)):
+            raise exc_info[1]
+        for path in (parent, failed):
+            with contextlib.suppress(OSError):
+                dfd = _open_nofollow_dir(path)
+                try:
+                    os.fchmod(dfd, stat.S_IRWXU)
+                finally:
+                    os.close(dfd)
         func(failed)
 
-    shutil.rmtree(path, onerror=fix)
+    shutil.rmtree(made.tmp, onerror=fix)
 
 
 def _allows_ctypes(mode: str, config: SandboxConfig) -> bool:
@@ -382,67 +440,120 @@ def _run_contained(code: str, config: SandboxConfig, mode: str, live: _LiveCalls
         return _internal_error(exc, mode, time.monotonic() - start)
 
 
+def _guard_paths(mode: str, interp: _Interpreter, made: _CallDir) -> dict[str, list[str]]:
+    """What Landlock lets the code reach (paths as the tool process sees them): the interpreter's and the system's
+    directories to read, its working directory to write, the harmless devices; at the ``namespaces`` level also its
+    private ``/proc`` (the call's own processes only); at the ``rlimits`` level not the host's ``/proc`` (other
+    processes' command lines)."""
+    if mode == "namespaces":
+        return {"read": [*interp.binds, "/.tool.py", "/proc"], "write": ["/sandbox"], "devices": list(DEVICE_FILES)}
+    read = [*interp.binds, made.code_path, "/proc/self"]  # /proc/self: the tool process's own entry (at rule time)
+    return {"read": read, "write": [made.workdir], "devices": list(DEVICE_FILES)}
+
+
 def _run(code: str, config: SandboxConfig, mode: str, live: _LiveCalls | None) -> ToolResult:
     """Run one call; raises on a failure of the sandbox machinery (the probe reports it; callers contain it)."""
     data = _encode_code(code)
     interp = _interpreter(config.python, config.site_packages)
-    tmp, code_path, workdir = _prepare_dir(data, mode)
+    root = os.geteuid() == 0
+    slot = uids.acquire(config.uid_base) if root else None  # a uid no other running call has
     try:
-        status_r, status_w = os.pipe()
-        spec = {
-            "mode": mode,
-            "status_fd": status_w,
-            "timeout_s": config.timeout_s,
-            "code_path": code_path,
-            "workdir": workdir,
-            "python": interp.executable,
-            "python_flags": list(interp.flags),
-            "runner": _RUNNER,
-            "runner_args": [str(BLOCKED_EXIT), str(MEMORY_EXIT), "1" if _allows_ctypes(mode, config) else "0"],
-            "sandbox_uid": SANDBOX_UID,
-            "sandbox_gid": SANDBOX_GID,
-            "binds": list(interp.binds),
-            "symlinks": [list(s) for s in interp.symlinks],
-            "limits": {
-                "memory_bytes": config.memory_mb << 20,
-                "cpu_s": config.cpu_s,
-                "max_procs": config.max_procs,
-                "file_bytes": config.max_file_mb << 20,
-                "disk_bytes": config.max_file_mb << 20,
-                "nofile": NOFILE,
-            },
-        }
-        start = time.monotonic()
+        owner = (slot.uid, slot.uid) if slot is not None else None
+        disk = config.max_file_mb << 20
+        made = _prepare_dir(data, mode, owner if mode == "rlimits" else None, disk)
+        group: cgroups.CallCgroup | None = None
         try:
-            proc = subprocess.Popen(
-                [interp.executable, "-I", "-S", "-B", "-c", _SUPERVISOR, json.dumps(spec)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(status_w,),
-                env={},
-                cwd="/",
-                start_new_session=True,
-            )
-        except BaseException:
-            os.close(status_r)
-            raise
+            group = cgroups.create((config.memory_mb << 20) + disk, config.max_procs)
+            out, duration = _supervise(config, mode, interp, made, owner, group, live)
+            oom = group is not None and group.oom_kills() > 0
         finally:
-            os.close(status_w)
-        try:
-            if live is not None:
-                live.add(proc)
-            out = _collect(proc, status_r, config, deadline=start + config.timeout_s + BACKSTOP_S)
-        finally:
-            if live is not None:
-                live.discard(proc)
-            os.close(status_r)
-        if live is not None and live.closing and out.killed is None:
-            out.killed = "timeout"  # the pool ended it (possibly before its supervisor could say so)
-        duration = time.monotonic() - start
+            try:
+                if group is not None:
+                    group.kill_and_remove()
+                if slot is not None:
+                    uids.sweep_uid(slot.uid)  # its processes anywhere, its files in shared directories, its IPC
+            finally:
+                _remove_tree(made)
     finally:
-        _remove_tree(tmp)
-    return _classify(out, config, mode, duration)
+        if slot is not None:
+            slot.release()
+    return _classify(out, config, mode, duration, oom=oom)
+
+
+def _supervise(
+    config: SandboxConfig,
+    mode: str,
+    interp: _Interpreter,
+    made: _CallDir,
+    owner: tuple[int, int] | None,
+    group: cgroups.CallCgroup | None,
+    live: _LiveCalls | None,
+) -> tuple[_Collected, float]:
+    """Start the call's supervisor and collect its output and status; returns them with the call's duration."""
+    status_r, status_w = os.pipe()
+    spec = {
+        "mode": mode,
+        "status_fd": status_w,
+        "timeout_s": config.timeout_s,
+        "code_path": made.code_path,
+        "workdir": made.workdir,
+        "python": interp.executable,
+        "python_flags": list(interp.flags),
+        "runner": _RUNNER,
+        "runner_args": [str(BLOCKED_EXIT), str(MEMORY_EXIT), "1" if _allows_ctypes(mode, config) else "0"],
+        "sandbox_uid": owner[0] if owner else -1,
+        "sandbox_gid": owner[1] if owner else -1,
+        "binds": list(interp.binds),
+        "symlinks": [list(s) for s in interp.symlinks],
+        "cgroup_procs": group.procs_files if group is not None else [],
+        "guards": _guard_paths(mode, interp, made),
+        "limits": {
+            "memory_bytes": config.memory_mb << 20,
+            "cpu_s": config.cpu_s,
+            "max_procs": config.max_procs,
+            "file_bytes": config.max_file_mb << 20,
+            "disk_bytes": config.max_file_mb << 20,
+            "nofile": NOFILE,
+        },
+    }
+    start = time.monotonic()
+    spec_r, spec_w = os.pipe()  # the spec goes through a pipe, not argv: no process of the call shows it in /proc
+    try:
+        data = json.dumps(spec).encode()
+        if len(data) > MAX_SPEC_BYTES:
+            raise ValueError(f"the call's spec is {len(data)} bytes, more than a pipe holds ({MAX_SPEC_BYTES})")
+        os.write(spec_w, data)
+        os.close(spec_w)
+        spec_w = -1
+        proc = subprocess.Popen(
+            [interp.executable, "-I", "-S", "-B", "-c", _SUPERVISOR, str(spec_r)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(status_w, spec_r),
+            env={},
+            cwd="/",
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(status_r)
+        raise
+    finally:
+        os.close(status_w)
+        os.close(spec_r)
+        if spec_w >= 0:
+            os.close(spec_w)
+    try:
+        if live is not None:
+            live.add(proc)
+        out = _collect(proc, status_r, config, deadline=start + config.timeout_s + BACKSTOP_S)
+    finally:
+        if live is not None:
+            live.discard(proc)
+        os.close(status_r)
+    if live is not None and live.closing and out.killed is None:
+        out.killed = "timeout"  # the pool ended it (possibly before its supervisor could say so)
+    return out, time.monotonic() - start
 
 
 @dataclass
@@ -521,7 +632,7 @@ def _tool_pgid(status: bytes) -> int | None:
     return None
 
 
-def _classify(got: _Collected, config: SandboxConfig, mode: str, duration: float) -> ToolResult:
+def _classify(got: _Collected, config: SandboxConfig, mode: str, duration: float, *, oom: bool = False) -> ToolResult:
     events = {e["event"]: e for e in _events(bytes(got.status))}
     if "setup_error" in events:  # written only by the supervisor, init, or the tool process before its exec
         raise SandboxUnavailableError(f"the {mode} sandbox could not be built:\n{events['setup_error']['message']}")
@@ -538,6 +649,8 @@ def _classify(got: _Collected, config: SandboxConfig, mode: str, duration: float
             error = {0: None, BLOCKED_EXIT: "blocked", MEMORY_EXIT: "memory"}.get(returncode, "crash")
     elif got.killed == "timeout" or "stopped" in events:
         error = "timeout"
+    if oom and error in ("crash", "cpu"):  # the kernel killed a process of the call at the call's memory limit
+        error = "memory"
     if got.killed == "output_limit":
         error = "output_limit"
     return ToolResult(
