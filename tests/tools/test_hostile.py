@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import stat
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -107,9 +109,10 @@ def test_a_call_that_removes_its_own_directory_breaks_no_later_call(level: str) 
     before = os.stat(tempfile.gettempdir()).st_mode
     code = (
         "import os, shutil\n"
-        "os.chmod('.', 0)\n"
-        "shutil.rmtree(os.path.dirname(os.getcwd()), ignore_errors=True)\n"
-        "try:\n    os.rmdir(os.path.dirname(os.getcwd()))\nexcept OSError:\n    pass\n"
+        "call_dir = os.path.dirname(os.getcwd())\n"
+        "os.chdir('/')\n"
+        "shutil.rmtree(call_dir, ignore_errors=True)\n"
+        "print('removed' if not os.path.exists(call_dir) else 'kept')\n"
     )
     run_python(in_child(code), limits=level_config(level))
     assert os.stat(tempfile.gettempdir()).st_mode == before
@@ -281,20 +284,29 @@ def test_the_code_reads_no_repository_source_and_no_other_process(level: str) ->
         assert_all_denied(r.stdout, ["repo_file", "repo_dir", "caller_cmdline", "init_spec", "root_listing"])
 
 
-def test_a_second_thread_does_not_slip_past_the_audit_hook(level: str, tmp_path: Path) -> None:
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory on the host anyone may write to (pytest's tmp_path lies below a directory only root may enter)."""
+    path = Path(tempfile.mkdtemp(prefix="steadyrl-test-open-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_a_second_thread_does_not_slip_past_the_audit_hook(level: str, open_dir: Path) -> None:
     """rlimits: the audit hook's reentrancy flag was shared by all threads, so while one thread was inside the hook
     another thread's events went unchecked."""
-    tmp_path.chmod(0o777)
-    target = tmp_path / "escaped.txt"
+    target = open_dir / "escaped.txt"
     path = str(target) if level == "rlimits" else "/escaped.txt"  # the host's /tmp is not in the namespaces' view
     code = (
-        "import os, threading\n"
+        "import os, threading, time\n"
         "deep = '/'.join(['.'] * 4000) + '/x'\n"
         "def busy():\n"
         "    while True:\n"
         "        try:\n            open(deep, 'w').close()\n"
         "        except OSError:\n            pass\n"
         "threading.Thread(target=busy, daemon=True).start()\n"
+        "time.sleep(0.2)\n"  # the other thread now spends nearly all its time inside the hook
         "for _ in range(100000):\n"
         f"    try:\n        open({path!r}, 'w').write('x')\n        print('escaped')\n        break\n"
         "    except OSError:\n        pass\n"

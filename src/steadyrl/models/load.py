@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from steadyrl.models.smollm2 import SMOLLM2_NAME, smollm2_cached
 from steadyrl.models.tiny import TinyArchConfig
 from steadyrl.models.tokenizer import CHARSET
-from steadyrl.models.warmstart import WarmStartConfig, warm_start_cached
+from steadyrl.models.warmstart import ProgressHook, WarmStartConfig, warm_start_cached
 from steadyrl.tasks import Task
 from steadyrl.tasks.types import MissingFileError
 
@@ -102,15 +102,7 @@ def load_policy(model_cfg: ModelConfig, task: Task | None, *, seed: int, progres
     if model_cfg.name == DEFAULT_MODEL_NAME:
         if task is None:
             raise ValueError("the default model is warm-started on the run's task: pass a task to load_policy")
-        unknown = sorted(set(task.alphabet) - set(CHARSET))
-        if unknown:
-            raise ValueError(f"task {task.name} uses characters the default tokenizer lacks: {unknown!r}")
-        path = str(
-            warm_start_cached(
-                model_cfg.arch, task=task, cfg=model_cfg.warm_start, seed=seed, cache_dir=model_cfg.cache_dir,
-                progress=progress,
-            )
-        )
+        path = str(default_model_dir(model_cfg, task, seed=seed, progress=progress))
     elif model_cfg.name == SMOLLM2_NAME:
         path = str(smollm2_cached(model_cfg.cache_dir))
     else:
@@ -132,6 +124,24 @@ def load_policy(model_cfg: ModelConfig, task: Task | None, *, seed: int, progres
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
     return Policy(model=model, tokenizer=tokenizer, path=path)
+
+
+def default_model_dir(
+    model_cfg: ModelConfig, task: Task, *, seed: int, progress: bool = True, on_progress: ProgressHook | None = None
+) -> Path:
+    """The cache directory of the default model warm-started on ``task`` with ``seed``, built on first use (see
+    :func:`~steadyrl.models.warmstart.warm_start_cached`; ``on_progress`` sees every warm-start step).
+
+    Raises:
+        ValueError: the task uses characters the character tokenizer lacks.
+    """
+    unknown = sorted(set(task.alphabet) - set(CHARSET))
+    if unknown:
+        raise ValueError(f"task {task.name} uses characters the default tokenizer lacks: {unknown!r}")
+    return warm_start_cached(
+        model_cfg.arch, task=task, cfg=model_cfg.warm_start, seed=seed, cache_dir=model_cfg.cache_dir,
+        progress=progress, on_progress=on_progress,
+    )
 
 
 def _resolve_external(name: str) -> str:

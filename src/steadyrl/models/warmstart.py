@@ -14,9 +14,18 @@ its accuracy is measured with the tool (docs/tools.md). AdamW with a linear warm
 then a constant rate, gradient clipping. Problems come from the task's ``train`` split and accuracy from its ``eval``
 split, both for the run's seed, so the warm start never trains on the problems a run with that seed evaluates on.
 
+Reproducibility: the warm start runs with ``threads`` torch CPU threads of its own (the caller's count is restored
+afterwards), so its weights do not depend on ``runtime.threads``, on ``OMP_NUM_THREADS`` or on the sweep's thread
+count: the thread count changes the order of floating-point sums in some kernels, and with it the step at which the
+sampled accuracy first reaches the target (a few-step probe on a 2-core AVX-512 machine: 1 and 2 threads gave the
+same weights, 1 and 3, 4 or 8 did not). Sampler processes start only after the warm start, so they cannot change
+it. What else the weights depend on (torch and transformers versions, the CPU's vector instruction set) is in the
+cache key.
+
 Cache: ``<root>/models/<task>-<key>/`` (see :mod:`steadyrl.models.cache`), the key hashing the architecture, a
-fingerprint of the task, this config and the seed. It holds ``save_pretrained`` output (model + tokenizer) and
-``steadyrl_warmstart.json`` (config, steps, measured accuracy, seconds), written last.
+fingerprint of the task, this config, the seed and the platform (:func:`platform_identity`). It holds
+``save_pretrained`` output (model + tokenizer) and ``steadyrl_warmstart.json`` (config, steps, measured accuracy,
+seconds), written last.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import contextlib
 import json
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -50,7 +60,8 @@ from steadyrl.tools import SandboxPool
 #: Metadata file of a warm-start cache entry (written last: its presence marks a complete entry).
 METADATA_FILE = "steadyrl_warmstart.json"
 #: Bump when the training procedure changes in a way that changes the weights (invalidates every cache entry).
-WARM_START_FORMAT = 1
+#: 2: the warm start runs with its own fixed thread count (``WarmStartConfig.threads``).
+WARM_START_FORMAT = 2
 #: Problems per split hashed into the task fingerprint.
 FINGERPRINT_PROBLEMS = 32
 #: Extra new tokens the accuracy eval allows beyond the longest eval demonstration (+ EOS).
@@ -88,6 +99,9 @@ class WarmStartConfig(BaseModel):
     """Token budget of an eval completion; None: the longest eval demonstration + EOS + a small slack."""
     target_accuracy: float = Field(0.30, ge=0.0, le=1.0)
     """Stop as soon as sampled accuracy reaches this (0.2–0.5 leaves GRPO groups with mixed rewards)."""
+    threads: int = Field(2, ge=1, le=1024)
+    """torch CPU threads of the warm start, whatever the run's ``runtime.threads`` (the thread count can change the
+    weights, so it is fixed here and part of the cache key; another value builds another cache entry)."""
 
     @model_validator(mode="after")
     def _pool_fills_a_batch(self) -> WarmStartConfig:
@@ -119,6 +133,21 @@ class WarmStartReport:
     """Whether ``accuracy >= target_accuracy`` (False: stopped at ``max_steps``)."""
     history: tuple[EvalPoint, ...]
     """Every accuracy measurement, in order."""
+
+
+#: Called after every optimizer step (and once before the first) with the step and the latest measurement.
+ProgressHook = Callable[[int, EvalPoint], None]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Within the block torch uses ``n`` intra-op CPU threads; the previous count is restored afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def demonstration_batch(
@@ -192,17 +221,21 @@ def warm_start(
     cfg: WarmStartConfig,
     seed: int,
     progress: bool = True,
+    on_progress: ProgressHook | None = None,
 ) -> WarmStartReport:
     """Train ``model`` in place on ``task``'s demonstrations until the sampled accuracy reaches the target.
 
     Accuracy is measured every ``eval_every`` steps (and before the first step); training stops at the first
     measurement ≥ ``target_accuracy`` or after ``max_steps`` (the last step is always measured). A task with
     tool-using demonstrations is measured with the tool (multi-turn sampling, calls in a default
-    :class:`~steadyrl.tools.SandboxPool`), as RL will sample it.
+    :class:`~steadyrl.tools.SandboxPool`), as RL will sample it. Runs with ``cfg.threads`` torch threads (the
+    caller's count is restored afterwards); ``on_progress`` sees every step (a sweep shows it, for instance).
     """
     with contextlib.ExitStack() as stack:
+        stack.enter_context(torch_threads(cfg.threads))
         sandbox = stack.enter_context(SandboxPool()) if isinstance(task, ToolDemonstrations) else None
-        return _warm_start(model, tokenizer, task=task, cfg=cfg, seed=seed, progress=progress, sandbox=sandbox)
+        return _warm_start(model, tokenizer, task=task, cfg=cfg, seed=seed, progress=progress, sandbox=sandbox,
+                           on_progress=on_progress)
 
 
 def _warm_start(
@@ -214,6 +247,7 @@ def _warm_start(
     seed: int,
     progress: bool,
     sandbox: ToolRunner | None,
+    on_progress: ProgressHook | None,
 ) -> WarmStartReport:
     start = time.perf_counter()
     eval_set = task.problems("eval", cfg.eval_problems, seed=seed)
@@ -240,7 +274,9 @@ def _warm_start(
         )
         return EvalPoint(step, acc, time.perf_counter() - start)
 
+    report = on_progress or (lambda step, point: None)
     history = [measure(0)]
+    report(0, history[-1])
     model.train()
     bar = tqdm(total=cfg.max_steps, desc=f"warm start {task.name}", unit="step", disable=not progress)
     order, cursor, step = torch.randperm(len(data.prompt_ids), generator=order_gen), 0, 0
@@ -263,6 +299,7 @@ def _warm_start(
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             history.append(measure(step))
             bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{history[-1].accuracy:.3f}")
+        report(step, history[-1])
     bar.close()
     model.eval()
     final = history[-1]
@@ -289,6 +326,16 @@ def task_fingerprint(task: Task, *, seed: int, eval_problems: int) -> dict[str, 
     return {"name": task.name, "alphabet": task.alphabet, "problems": cache_key({"rows": rows})}
 
 
+def platform_identity() -> dict[str, str]:
+    """What of the machine and the environment the weights depend on beyond the settings: the torch and
+    transformers versions and the CPU instruction set torch's kernels use (``torch.backends.cpu``)."""
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
 def warm_start_identity(arch: TinyArchConfig, *, task: Task, cfg: WarmStartConfig, seed: int) -> dict[str, Any]:
     """Everything that determines the warm-started weights (hashed into the cache key, stored in the metadata)."""
     return {
@@ -297,7 +344,24 @@ def warm_start_identity(arch: TinyArchConfig, *, task: Task, cfg: WarmStartConfi
         "task": task_fingerprint(task, seed=seed, eval_problems=cfg.eval_problems),
         "warm_start": cfg.model_dump(mode="json"),
         "seed": seed,
+        "platform": platform_identity(),
     }
+
+
+def warm_start_entry(
+    arch: TinyArchConfig, *, task: Task, cfg: WarmStartConfig, seed: int, cache_dir: str | Path | None = None
+) -> Path:
+    """The cache directory of the warm start for these settings (built or not; see :func:`warm_start_ready`)."""
+    return _entry_path(task, warm_start_identity(arch, task=task, cfg=cfg, seed=seed), cache_dir)
+
+
+def _entry_path(task: Task, identity: dict[str, Any], cache_dir: str | Path | None) -> Path:
+    return models_dir(cache_dir) / f"{task.name}-{cache_key(identity)}"
+
+
+def warm_start_ready(entry: str | Path) -> bool:
+    """Whether the cache entry ``entry`` is complete (its metadata file, written last, is there)."""
+    return (Path(entry) / METADATA_FILE).is_file()
 
 
 def warm_start_cached(
@@ -308,19 +372,22 @@ def warm_start_cached(
     seed: int,
     cache_dir: str | Path | None = None,
     progress: bool = True,
+    on_progress: ProgressHook | None = None,
 ) -> Path:
     """Directory of the warm-started default model for these settings, building it on first use.
 
     Builds with :func:`build_tiny_model` + :func:`warm_start` into a temporary directory, saves model, tokenizer
-    and ``steadyrl_warmstart.json``, then moves it into place atomically; later calls (any process) reuse it.
+    and ``steadyrl_warmstart.json``, then moves it into place atomically; later calls (any process) reuse it, and
+    concurrent ones wait for the first (a lock file, :func:`steadyrl.models.cache.build_once`).
     """
     identity = warm_start_identity(arch, task=task, cfg=cfg, seed=seed)
-    final = models_dir(cache_dir) / f"{task.name}-{cache_key(identity)}"
+    final = _entry_path(task, identity, cache_dir)
 
     def build(tmp: Path) -> None:
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(arch, tokenizer=tokenizer, seed=seed)
-        report = warm_start(model, tokenizer, task=task, cfg=cfg, seed=seed, progress=progress)
+        report = warm_start(model, tokenizer, task=task, cfg=cfg, seed=seed, progress=progress,
+                            on_progress=on_progress)
         if not report.reached_target:
             warnings.warn(
                 f"warm start of {task.name} stopped at max_steps={cfg.max_steps} with sampled accuracy "
@@ -332,7 +399,6 @@ def warm_start_cached(
         metadata = identity | {
             "report": asdict(report) | {"history": [p._asdict() for p in report.history]},
             "parameters": sum(p.numel() for p in model.parameters()),
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         }
         (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True))
 

@@ -22,15 +22,18 @@ seeds=[0,1,2], jobs=2, base.steps=50, grid.method=[grpo,vcpo], grid.lag=[0,16,64
 
 Resumable: a run whose metrics.jsonl ends with its final eval is skipped; a partial one continues from its checkpoint
 (resume=true) or, without one, starts afresh. A run directory holding another config is an error (nothing is
-overwritten). Each run's output goes to <out_dir>/<run>/train.log. Ctrl-C stops the runs after their current step
-(with a checkpoint) and writes the results so far; run the same command again to continue.
+overwritten). Each run's output goes to <out_dir>/<run>/train.log. The default model's warm starts the runs need
+come first, each distinct one once (output in <out_dir>/warm_starts/; the bar shows their step and accuracy).
+Ctrl-C stops the runs after their current step (with a checkpoint) and writes the results so far; run the same
+command again to continue.
 Then `steadyrl report <out_dir>` draws the plots.
 
 Grid values: a plain value (grid.method=[vcpo,gac]) or a variant that sets several keys, in YAML:
   grid: {{method: [vcpo, {{name: seq_tis_guard, overrides: {{method: seq_tis, guard.mode: rollback}}}}]}}
 Run directories are named from the grid values: method=vcpo,lag=64,seed=0.
 
-  --dry-run        list the runs and what would be done with each (skip/resume/fresh), run nothing
+  --dry-run        list the runs and what would be done with each (skip/resume/fresh) and the warm starts to
+                   build (on stderr), run nothing
   -h, --help       this help
 
 keys (type (bounds) = default, then the description):
@@ -94,19 +97,24 @@ def run_sweep(sweep: SweepConfig, *, sweep_file: Path | None = None, dry_run: bo
     from steadyrl.sweep.config import SWEEP_FILE, SweepError, expand, write_runs
     from steadyrl.sweep.results import RESULTS_FILE, SUMMARY_CSV, SUMMARY_MD, write_results
     from steadyrl.sweep.runner import execute, plan_jobs
+    from steadyrl.sweep.warmstarts import plan_warm_starts
 
     try:
         specs = expand(sweep, sweep_file=sweep_file)
         jobs = plan_jobs(specs)
+        warm_starts = plan_warm_starts(jobs)
     except (ConfigError, SweepError) as err:
         print(f"steadyrl sweep: {err}", file=sys.stderr)
         return EXIT_USAGE
     out = sweep.out_dir
     counts = {a: sum(j.action == a for j in jobs) for a in ("skip", "resume", "fresh")}
     n_jobs = sweep.n_jobs()
+    first = f"; first {len(warm_starts)} model warm start(s) they need" if warm_starts else ""
     _say(f"[steadyrl sweep] {len(jobs)} runs in {out}: {counts['skip']} done (skipped), {counts['resume']} to resume, "
-         f"{counts['fresh']} to start; {n_jobs} at a time, {sweep.threads} thread(s) each")
+         f"{counts['fresh']} to start; {n_jobs} at a time, {sweep.threads} thread(s) each{first}")
     if dry_run:
+        for w in warm_starts:
+            _say(f"[steadyrl sweep] warm start {w.label} ({w.entry}) for {len(w.runs)} run(s)")
         for j in jobs:
             print(f"{j.action:<7} {j.status:<9} {j.spec.entry.config_hash}  {j.spec.entry.name}")
         return 0
@@ -114,7 +122,7 @@ def run_sweep(sweep: SweepConfig, *, sweep_file: Path | None = None, dry_run: bo
     (out / SWEEP_FILE).write_text(yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False))
     write_runs(out, specs)
     outcome = execute(jobs, n_jobs=n_jobs, threads=sweep.threads, grace_s=sweep.grace_s, progress=sweep.progress,
-                      say=_say)
+                      say=_say, warm_starts=warm_starts)
     entries = [s.entry for s in specs]
     print(write_results(entries, out, drop=sweep.collapse_drop), end="")
     _say(f"[steadyrl sweep] wrote {out / RESULTS_FILE}, {out / SUMMARY_CSV}, {out / SUMMARY_MD}; "

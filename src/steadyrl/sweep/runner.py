@@ -11,8 +11,12 @@ A directory whose ``config.yaml`` belongs to a different config (another config 
 differing keys: the sweep never silently mixes two experiments.
 
 :func:`execute` keeps ``jobs`` runs going at once, each a process of its own (``python -m steadyrl.sweep.child``,
-``OMP_NUM_THREADS`` = ``threads``), output to ``<run>/train.log``. The progress bar counts learner steps of all runs
-to do (its ETA) and shows runs done / running / left. The workers run in their own sessions, so a terminal's Ctrl-C
+``OMP_NUM_THREADS`` = ``threads``), output to ``<run>/train.log``. The warm starts the runs need
+(:mod:`steadyrl.sweep.warmstarts`) come first, one worker per distinct cache entry; a run starts once its warm start
+is built (a failed warm start fails its runs without starting them). The workers keep at most ``jobs × threads``
+torch threads busy (a warm start counts its own ``model.warm_start.threads``; one worker always runs). The progress
+bar counts learner steps of all runs to do (its ETA) and shows the running warm starts (step, sampled accuracy and
+its target) and runs done / running / left. The workers run in their own sessions, so a terminal's Ctrl-C
 reaches only the sweep, which then sends each worker one SIGINT (``steadyrl train`` stops after its current step and
 checkpoints), waits up to ``grace_s`` seconds, and kills what is left; a second Ctrl-C kills them at once. SIGTERM to
 the sweep does the same. A worker also gets SIGTERM if the sweep dies without cleaning up (Linux, see
@@ -37,6 +41,7 @@ from tqdm.auto import tqdm
 
 from steadyrl.sweep.config import RunSpec, SweepError, config_differences, config_hash
 from steadyrl.sweep.results import is_train_record, run_status
+from steadyrl.sweep.warmstarts import WarmStartJob, describe, finished_message, warm_start_command
 from steadyrl.train.checkpoint import list_checkpoints
 from steadyrl.train.configio import ConfigError, load_config, read_yaml
 from steadyrl.train.metrics import METRICS_FILE, read_metrics
@@ -72,8 +77,10 @@ class Outcome:
     """What :func:`execute` did."""
 
     returncodes: dict[str, int] = field(default_factory=dict)
-    """Run name -> exit status of its worker (130: stopped by Ctrl-C)."""
+    """Run name -> exit status of its worker (130: stopped by Ctrl-C; a run whose warm start failed: that one's)."""
     seconds: dict[str, float] = field(default_factory=dict)
+    warm_starts: dict[str, int] = field(default_factory=dict)
+    """Cache entry name -> exit status of the worker that built it."""
     interrupted: bool = False
 
     @property
@@ -163,11 +170,14 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 @dataclass
 class _Worker:
-    job: Job
     proc: subprocess.Popen[bytes]
     log: IO[bytes]
     started: float
-    lines0: int
+    threads: int
+    job: Job | None = None
+    """The run it does, or None for a warm start."""
+    warm: WarmStartJob | None = None
+    lines0: int = 0
 
 
 def _stop_workers(workers: Sequence[_Worker], grace_s: float, say: Callable[[str], None]) -> None:
@@ -208,8 +218,11 @@ def execute(
     command: Callable[[Job], list[str]] = train_command,
     say: Callable[[str], None] = tqdm.write,
     poll_s: float = POLL_S,
+    warm_starts: Sequence[WarmStartJob] = (),
+    warm_command: Callable[[WarmStartJob], list[str]] = warm_start_command,
 ) -> Outcome:
-    """Run the jobs that are not ``skip``, ``n_jobs`` at a time; returns their exit statuses (see module doc)."""
+    """Build ``warm_starts``, then run the jobs that are not ``skip``, ``n_jobs`` at a time; returns their exit
+    statuses (see module doc)."""
     todo = [j for j in jobs if j.action != "skip"]
     outcome = Outcome()
     if not todo:
@@ -217,50 +230,94 @@ def execute(
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     total_steps = sum(max(0, j.spec.entry.steps - j.steps_done) for j in todo)
-    pending = list(todo)
+    capacity = n_jobs * threads
+    needs = {run: w for w in warm_starts for run in w.runs}  # run name -> the warm start it waits for
+    built: dict[Path, int] = {}  # cache entry -> exit status of its warm start
+    pending_warm, pending = list(warm_starts), list(todo)
     running: list[_Worker] = []
     finished_steps = 0
+
+    def fits(cost: int) -> bool:
+        return not running or sum(w.threads for w in running) + cost <= capacity
+
+    def launch(cmd: list[str], log_path: Path, *, append: bool, cost: int) -> _Worker:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab" if append else "wb")  # noqa: SIM115
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        worker = _Worker(proc, log, time.monotonic(), cost)
+        running.append(worker)
+        return worker
+
     with tqdm(total=total_steps, disable=not progress, unit="step", desc="sweep", dynamic_ncols=True) as bar, \
             _sigterm_as_interrupt():
         try:
-            while pending or running:
-                while pending and len(running) < n_jobs:
-                    job = pending.pop(0)
+            while pending_warm or pending or running:
+                while pending_warm and fits(pending_warm[0].threads):
+                    warm = pending_warm.pop(0)
+                    launch(warm_command(warm), warm.log_path, append=False, cost=warm.threads).warm = warm
+                    say(f"[steadyrl sweep] warm start {warm.label} for {len(warm.runs)} run(s) "
+                        f"(log: {warm.log_path})")
+                for job in list(pending):
+                    waits_for = needs.get(job.spec.entry.name)
+                    if waits_for is not None and waits_for.entry not in built:
+                        continue  # its warm start is queued or running
+                    if waits_for is not None and built[waits_for.entry] != 0:
+                        pending.remove(job)
+                        outcome.returncodes[job.spec.entry.name] = built[waits_for.entry]
+                        finished_steps += max(0, job.spec.entry.steps - job.steps_done)
+                        continue
+                    if not fits(threads):
+                        break
+                    pending.remove(job)
                     run_dir = job.spec.out_dir
-                    run_dir.mkdir(parents=True, exist_ok=True)
-                    log = open(run_dir / LOG_FILE, "ab" if job.action == "resume" else "wb")  # noqa: SIM115
-                    proc = subprocess.Popen(command(job), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
-                    running.append(_Worker(job, proc, log, time.monotonic(),
-                                           _count_lines(run_dir / METRICS_FILE)))
+                    worker = launch(command(job), run_dir / LOG_FILE, append=job.action == "resume", cost=threads)
+                    worker.job, worker.lines0 = job, _count_lines(run_dir / METRICS_FILE)
                 for w in [w for w in running if w.proc.poll() is not None]:
                     running.remove(w)
                     w.log.close()
-                    name, rc = w.job.spec.entry.name, int(w.proc.returncode)
-                    outcome.returncodes[name] = rc
-                    outcome.seconds[name] = time.monotonic() - w.started
+                    rc, took = int(w.proc.returncode), time.monotonic() - w.started
+                    if w.warm is not None:
+                        built[w.warm.entry] = outcome.warm_starts[w.warm.entry.name] = rc
+                        say(finished_message(w.warm, took) if rc == 0 else
+                            f"[steadyrl sweep] FAILED warm start {w.warm.label}: exit status {rc} after {took:.0f} s;"
+                            f" see {w.warm.log_path}; its {len(w.warm.runs)} run(s) will not start")
+                        continue
+                    assert w.job is not None
+                    name = w.job.spec.entry.name
+                    outcome.returncodes[name], outcome.seconds[name] = rc, took
                     finished_steps += max(0, w.job.spec.entry.steps - w.job.steps_done)
-                    took = f"{outcome.seconds[name]:.0f} s"
                     if rc == 0:
-                        say(f"[steadyrl sweep] done {name} ({took})")
+                        say(f"[steadyrl sweep] done {name} ({took:.0f} s)")
                     else:
-                        say(f"[steadyrl sweep] FAILED {name}: exit status {rc} after {took}; see "
+                        say(f"[steadyrl sweep] FAILED {name}: exit status {rc} after {took:.0f} s; see "
                             f"{w.job.spec.out_dir / LOG_FILE}")
+                runs = [w for w in running if w.job is not None]
                 current = sum(min(max(0, _count_lines(w.job.spec.out_dir / METRICS_FILE) - w.lines0),
-                                  w.job.spec.entry.steps - w.job.steps_done) for w in running)
+                                  w.job.spec.entry.steps - w.job.steps_done) for w in runs if w.job is not None)
                 bar.n = min(total_steps, finished_steps + current)
-                bar.set_description_str(f"sweep: runs {len(outcome.returncodes)} done, {len(running)} running, "
-                                        f"{len(pending)} left", refresh=False)
+                bar.set_description_str(progress_line(
+                    [w.warm for w in running if w.warm is not None], queued_warm=len(pending_warm),
+                    done=len(outcome.returncodes), running=len(runs), left=len(pending)), refresh=False)
                 bar.refresh()
-                if pending or running:
+                if pending_warm or pending or running:
                     time.sleep(poll_s)
         except BaseException as exc:  # Ctrl-C, SIGTERM, or a failure of the sweep itself: no orphan workers
             outcome.interrupted = isinstance(exc, KeyboardInterrupt)
             _stop_workers(running, grace_s if outcome.interrupted else 0.0, say)
             for w in running:
                 w.log.close()
-                outcome.returncodes[w.job.spec.entry.name] = int(w.proc.returncode)
-                outcome.seconds[w.job.spec.entry.name] = time.monotonic() - w.started
+                if w.job is not None:
+                    outcome.returncodes[w.job.spec.entry.name] = int(w.proc.returncode)
+                    outcome.seconds[w.job.spec.entry.name] = time.monotonic() - w.started
             if not outcome.interrupted:
                 raise
     return outcome
+
+
+def progress_line(warming: Sequence[WarmStartJob], *, queued_warm: int, done: int, running: int, left: int) -> str:
+    """The bar's description: the running warm starts with their progress (:func:`describe`), then the runs."""
+    head = ""
+    if warming or queued_warm:
+        more = f" (+{queued_warm} queued)" if queued_warm else ""
+        head = f"warm start {'; '.join(describe(w) for w in warming) or 'queued'}{more} | "
+    return f"sweep: {head}runs {done} done, {running} running, {left} left"

@@ -203,7 +203,8 @@ def _remove_stale(found: CgroupLayout) -> None:
     for base in found.bases.values():
         for name in os.listdir(base):
             parts = name.split("-")
-            if len(parts) == 3 and parts[0] == "call" and parts[1].isdigit() and not os.path.exists(f"/proc/{parts[1]}"):
+            ours = len(parts) == 3 and parts[0] == "call" and parts[1].isdigit()
+            if ours and not os.path.exists(f"/proc/{parts[1]}"):
                 with contextlib.suppress(OSError):
                     CallCgroup(found, (os.path.join(base, name),)).kill_and_remove()
 

@@ -227,7 +227,8 @@ class RuntimeConfig(_Section):
     )
     refresh_every: int = Field(50, ge=1, le=MAX_STEPS, description="Steps between sampler refreshes (periodic only).")
     threads: int = Field(2, ge=0, le=1024, description="torch CPU threads of the learner process (0: torch's "
-                         "default), also used by the warm start. Byte-identical metrics need the same thread count.")
+                         "default); the warm start uses its own model.warm_start.threads. Byte-identical "
+                         "metrics need the same thread count.")
     samplers: int = Field(1, ge=1, le=1024, description="local/ray: number of sampler processes (actors).")
     sampler_threads: int = Field(1, ge=1, le=1024, description="local/ray: torch CPU threads of each sampler.")
     sampler_batch: int = Field(0, ge=0, le=MAX_BATCH, description="local/ray: groups (prompts) a sampler generates "
