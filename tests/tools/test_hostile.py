@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from steadyrl.tools import SandboxPool, cgroups, run_python, sandbox, uids
+from steadyrl.tools import SandboxPool, cgroups, run_python, sandbox, sandbox_layers, uids
 from steadyrl.tools.config import SandboxConfig
 from tests.tools.conftest import is_sandbox_uid, level_config, sandbox_processes, wait_for_no_new_processes
 
@@ -489,3 +489,12 @@ def test_sixty_four_hostile_calls_next_to_a_learner(level: str) -> None:
 def test_config_rejects_a_uid_range_off_the_machine() -> None:
     with pytest.raises(ValueError, match="uid_base"):
         SandboxConfig(uid_base=10)
+
+
+def test_the_layers_say_what_holds_here(level: str) -> None:
+    layers = sandbox_layers(level_config(level))
+    assert layers.isolation == level and layers.uid_per_call == ROOT
+    assert layers.seccomp == (os.uname().machine in ("x86_64", "aarch64"))
+    assert (layers.cgroups is not None) == (cgroups.layout() is not None)
+    with SandboxPool(level_config(level)) as pool:
+        assert pool.layers == layers

@@ -15,6 +15,7 @@ import ctypes
 import errno
 import functools
 import os
+import tempfile
 
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -37,6 +38,23 @@ def mount_tmpfs(path: str, size_bytes: int, owner: tuple[int, int]) -> bool:
     if err in (errno.EPERM, errno.EACCES, errno.ENOSYS, errno.ENODEV):
         return False
     raise OSError(err, f"mount tmpfs on {path}: {os.strerror(err)}")
+
+
+@functools.cache
+def can_mount() -> bool:
+    """Whether this process may mount a tmpfs (probed once per interpreter on a scratch directory)."""
+    if os.geteuid() != 0:
+        return False
+    scratch = tempfile.mkdtemp(prefix="steadyrl-mount-probe-")
+    try:
+        if not mount_tmpfs(scratch, 1 << 20, (0, 0)):
+            return False
+        unmount(scratch)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.rmdir(scratch)
 
 
 def unmount(path: str) -> None:

@@ -15,13 +15,24 @@ Isolation levels (``SandboxConfig.isolation``), strongest first; ``auto`` takes 
 succeeds (the result is cached per interpreter) and otherwise **fails closed**: :class:`SandboxUnavailableError`
 naming what is missing and the explicit opt-in ``isolation="rlimits"`` (never a silent downgrade).
 
+**Every level** (where the kernel offers them; :func:`sandbox_layers` says which hold here). The tool process, right
+before it execs the interpreter, is confined by :mod:`steadyrl.tools._guards` — a Landlock domain (read only the
+interpreter's and system directories, write only the working directory and the harmless devices; no TCP; from ABI 6
+no signal and no abstract unix socket outside the domain) and a seccomp filter (no ``socket()``, keyrings, System V
+IPC, memfd, io_uring, new namespaces, ptrace or process_vm_*, ``setsid``, scheduler changes, mounts, ...) — and
+runs SCHED_IDLE; the supervisor's session (one autogroup per call) has nice 19. Started as root, steadyrl gives each
+running call a uid (and gid) of its own (:mod:`steadyrl.tools.uids`; ``SandboxConfig.uid_base``) and, where a
+cgroup hierarchy is writable, a cgroup of its own (:mod:`steadyrl.tools.cgroups`: memory of the whole call, shared
+memory and tmpfs included; processes; one CPU; all calls together weigh a quarter of one busy task of the caller's);
+after the call every process, shared-directory file and System V IPC object of that uid is removed, and the cgroup.
+The call's spec reaches its supervisor through a pipe, so no process of the call shows host paths in ``/proc``.
+
 **namespaces** (needs unprivileged user namespaces, or root; verified here both as root and as uid 65534). The code
 runs in new pid, network, mount, ipc and uts namespaces and a user namespace of its own; as root the namespaces belong
-to the initial user namespace and the code's process drops to uid/gid 65534 (nobody) first, otherwise they belong to a
-user namespace mapping only the caller's uid. Guaranteed by the kernel:
+to the initial user namespace and the code's process drops to the call's uid first, otherwise they belong to a user
+namespace mapping only the caller's uid. Guaranteed by the kernel:
 
-* no network: the network namespace has no interface up, not even loopback (connecting to the host's 127.0.0.1
-  fails);
+* no network: the network namespace has no interface up, not even loopback (and seccomp refuses ``socket()``);
 * no view of, and no signal to, any process outside the call: the pid namespace holds only the call's processes
   (``os.getppid()`` is the namespace's init, which ignores signals sent from inside);
 * the filesystem is a fresh tmpfs root with read-only binds of ``/usr``, ``/bin``, ``/lib*``, ``/sbin``, the
@@ -36,37 +47,37 @@ user namespace mapping only the caller's uid. Guaranteed by the kernel:
 * when the call's main process exits, is killed by the timeout, or the supervisor dies, the namespace's init exits
   and the kernel kills every process left in it: nothing outlives the call.
 
-Not guaranteed: memory held in the tmpfs ``/sandbox`` is not counted by RLIMIT_AS (it is bounded by ``max_file_mb``);
-there is no seccomp filter, so the whole Linux system-call surface of an unprivileged process is reachable (a kernel
-bug there is an escape); CPU and memory are not isolated between concurrent calls beyond the per-process rlimits (no
-cgroups); the read-only binds expose whatever world-readable files ``/usr`` and the interpreter's directories hold.
+Not guaranteed: the system calls seccomp allows are the kernel's attack surface (a kernel bug there is an escape);
+without a writable cgroup hierarchy (not root, or cgroup v2 without delegated controllers) memory and CPU are bounded
+per process only (rlimits, SCHED_IDLE, the autogroup's nice); the read-only binds expose whatever world-readable files
+``/usr`` and the interpreter's directories hold (Landlock lets them be read, not listed beyond them).
 
 The audit hook of the ``rlimits`` level (below) runs here too, as defense in depth, with one difference: when
 ``site_packages=True`` it lets ``ctypes.*`` events through, because ``import numpy`` and ``import sympy`` load ctypes
 (numpy dlopens through it) and would otherwise end every such call with ``error="blocked"``. That costs nothing the
 kernel guarantees above: code calling C through ctypes is still one unprivileged process in these namespaces, under
-these rlimits (the same reach as a child process, which the hook never saw). With ``site_packages=False`` (nothing
-needs ctypes) and at the ``rlimits`` level (where the hook guards the files) ctypes stays blocked; sockets are blocked
-at every level.
+these rlimits and guards (the same reach as a child process, which the hook never saw). With ``site_packages=False``
+(nothing needs ctypes) and at the ``rlimits`` level ctypes stays blocked; sockets are blocked at every level.
 
-**rlimits** (any Linux). The code runs as a plain child process with the same rlimits and no_new_privs; when started
-as root the code's process drops to uid/gid 65534 (the supervisor stays root, so the code cannot signal or trace it,
-nor any process of another uid) — the interpreter must then be readable by that uid (set ``python``, e.g.
-``/usr/bin/python3``, if it lives under ``/root``). The supervisor is a child subreaper and kills every descendant
-after the call, including those that left the process group. An audit hook (PEP 578) in the interpreter ends the call
-(``error="blocked"``) on sockets, ctypes, ``os.kill`` outside its process group and writes outside the working
-directory. Not guaranteed: the audit hook only sees this interpreter, so a child process (``subprocess``,
-``os.system``) can open sockets, signal any process of the same uid (all concurrent calls when dropped to 65534; the
-caller itself when not root) and write wherever that uid may (without root: everything the user owns); the
-filesystem is fully readable as that uid; ``max_procs`` is counted against every task of the uid on the machine (the
-limit is set to what the uid runs at the start of the call plus ``max_procs``); a process that escapes the subreaper
-by killing it outlives the call.
+**rlimits** (any Linux; opt in by name). The code runs as a plain child process with the same rlimits, no_new_privs and
+kernel guards; the supervisor is a child subreaper and kills every descendant after the call. Started as root, the
+call's directory and code file stay root's (the call's group may read the code and pass through to its working
+directory, which alone is handed to the call's uid, through a descriptor), a tmpfs of ``max_file_mb`` is mounted on
+the working directory where root may mount (the call's disk quota), and the cleanup works through descriptors, never
+following a symlink nor touching anything outside the call's directory. An audit hook (PEP 578, per thread) in the
+interpreter ends the call (``error="blocked"``) on sockets, ctypes, ``os.kill`` outside its process group and writes
+outside the working directory. Not guaranteed: without Landlock (kernels before 5.13 or with the LSM off) a child
+process can read every world-readable file and write wherever the uid may; without root all calls run as the caller's
+uid (Landlock from ABI 6 still keeps their signals and files apart; without it they can reach each other and the
+caller); ``max_procs`` is counted against every task of the uid (the limit is what the uid runs at the start of the
+call plus ``max_procs``).
 
 Error kinds: ``None`` (exit status 0), ``"timeout"`` (the wall clock passed ``timeout_s``, or the pool was closed),
-``"memory"`` (a MemoryError reached the top level), ``"cpu"`` (killed by SIGXCPU/SIGKILL at the CPU limit),
-``"output_limit"`` (stdout + stderr passed ``max_output_bytes``), ``"blocked"`` (the audit hook ended it),
-``"crash"`` (any other nonzero exit or signal: an uncaught exception, a syntax error, ``sys.exit(1)``, a segfault),
-``"internal_error"`` (the sandbox could not run or clean up this one call: see above; ``returncode`` is −1).
+``"memory"`` (a MemoryError reached the top level, or the kernel killed a process at the call's cgroup memory
+limit), ``"cpu"`` (killed by SIGXCPU/SIGKILL at the CPU limit), ``"output_limit"`` (stdout + stderr passed
+``max_output_bytes``), ``"blocked"`` (the audit hook ended it), ``"crash"`` (any other nonzero exit or signal: an
+uncaught exception, a syntax error, ``sys.exit(1)``, a segfault), ``"internal_error"`` (the sandbox could not run or
+clean up this one call: see above; ``returncode`` is −1).
 Confidence: [exact] (no paper formula; the guarantees are those of the Linux mechanisms named above).
 """
 
@@ -91,7 +102,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from steadyrl.tools import cgroups, mounts, uids
+from steadyrl.tools import _guards, cgroups, mounts, uids
 from steadyrl.tools.config import SandboxConfig
 
 #: What ended a call badly (None: it exited with status 0).
@@ -213,6 +224,41 @@ def _own_source_dir() -> str | None:
     package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # .../steadyrl of .../steadyrl/tools
     parent = os.path.dirname(package)
     return None if os.path.basename(parent) in ("site-packages", "dist-packages") else parent
+
+
+@dataclass(frozen=True)
+class SandboxLayers:
+    """Which of the sandbox's mechanisms hold on this machine for calls under one config (docs/tools.md, "Isolation
+    levels"). Attributes:
+        isolation: the level calls run at.
+        landlock_abi: the Landlock ABI the tool process is confined by (0: the kernel has none).
+        seccomp: the seccomp filter is applied (x86_64 and aarch64).
+        cgroups: 1 or 2 when every call runs in a cgroup of its own (:mod:`steadyrl.tools.cgroups`), else None.
+        uid_per_call: each running call's code has a uid of its own (steadyrl runs as root).
+        disk_quota: one quota covers everything the call writes (namespaces: its tmpfs; rlimits: a tmpfs mounted on
+            its working directory, which needs root allowed to mount).
+    """
+
+    isolation: str
+    landlock_abi: int
+    seccomp: bool
+    cgroups: int | None
+    uid_per_call: bool
+    disk_quota: bool
+
+
+def sandbox_layers(config: SandboxConfig) -> SandboxLayers:
+    """The mechanisms calls under ``config`` get here (resolves the level first; see :class:`SandboxLayers`)."""
+    mode = resolve_isolation(config)
+    found = cgroups.layout()
+    return SandboxLayers(
+        isolation=mode,
+        landlock_abi=_guards.landlock_abi(),
+        seccomp=_guards.seccomp_arch_supported(),
+        cgroups=found.version if found is not None else None,
+        uid_per_call=os.geteuid() == 0,
+        disk_quota=mode == "namespaces" or mounts.can_mount(),
+    )
 
 
 def resolve_isolation(config: SandboxConfig) -> Literal["namespaces", "rlimits"]:
@@ -675,6 +721,8 @@ class SandboxPool:
         self.config = config or SandboxConfig()
         #: The level calls run at (resolved from ``config.isolation`` when the pool starts).
         self.isolation = resolve_isolation(self.config)
+        #: The mechanisms that hold for its calls on this machine (:class:`SandboxLayers`).
+        self.layers = sandbox_layers(self.config)
         self._live = _LiveCalls()
         self._executor = ThreadPoolExecutor(self.config.workers, thread_name_prefix="steadyrl-sandbox")
         self._closed = False
