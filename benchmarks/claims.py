@@ -1,7 +1,8 @@
 """The paper-claim tables of docs/results.md, from finished sweeps (``steadyrl sweep claims_lag``, ``claims_masking``).
 
-Reads every run directory under the given sweep directories (names ``method=M,lag=K,seed=S``), and prints markdown
-tables, one row per (method, lag), mean ± 95% Student-t interval over seeds:
+Reads every run directory under the given sweep directories (names ``method=M,lag=K,seed=S``, possibly with more
+grid keys such as ``lr=0.001``: the regime, shown beside the method), and prints markdown tables, one row per
+(method, regime, lag), mean ± 95% Student-t interval over seeds:
 
 * claim 1/2 (``claims_lag``): final and best eval accuracy, runs collapsed (eval 0.15 below the run's best so far),
   min per-batch ESS ratio, max mismatch k3, and the onsets: first step with a per-batch ESS ratio below 0.05, first
@@ -81,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories")
     args = parser.parse_args()
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for sweep in args.sweeps:
         for run in sorted(p for p in sweep.iterdir() if p.is_dir()):
             keys = parse_name(run.name)
@@ -90,15 +91,20 @@ def main() -> None:
             if not finished or "method" not in keys:
                 continue  # still running, or not a run
             stats = run_stats(records, keys["method"]) | {"seed": int(keys.get("seed", 0))}
-            groups[keys["method"], int(keys.get("lag", 0))].append(stats)
+            regime = ", ".join(f"{k}={v}" for k, v in keys.items() if k not in ("method", "lag", "seed"))
+            groups[keys["method"], regime, int(keys.get("lag", 0))].append(stats)
     lag_rows = sorted(k for k in groups if k[0] not in MASK_KEYS)
+
+    def label(key: tuple[str, str, int]) -> str:
+        return f"{key[0]} ({key[1]})" if key[1] else key[0]
+
     print("### Claims 1 and 2: accuracy, ESS and KL against lag\n")
     print("| method | lag | seeds | final acc | best acc | collapsed | min ESS ratio | max k3 | "
           "first ESS < 0.05 (per seed) | first k3 > 1 | collapsed at |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for key in lag_rows:
         runs = sorted(groups[key], key=lambda s: s["seed"])
-        print(f"| {key[0]} | {key[1]} | {len(runs)} | {pm([r['final'] for r in runs])} | "
+        print(f"| {label(key)} | {key[2]} | {len(runs)} | {pm([r['final'] for r in runs])} | "
               f"{pm([r['best'] for r in runs])} | {sum(r['collapse'] is not None for r in runs)}/{len(runs)} | "
               f"{pm([r['min_ess'] for r in runs])} | {pm([r['max_k3'] for r in runs], 2)} | "
               f"{onsets([r['ess_onset'] for r in runs])} | {onsets([r['kl_onset'] for r in runs])} | "
@@ -108,7 +114,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for key in lag_rows:
         runs = groups[key]
-        print(f"| {key[0]} | {key[1]} | {len(runs)} | {pm([r['cos_mean'] for r in runs])} | "
+        print(f"| {label(key)} | {key[2]} | {len(runs)} | {pm([r['cos_mean'] for r in runs])} | "
               f"{pm([r['cos_high'] for r in runs])} |")
     mask_rows = sorted(k for k in groups if k[0] in MASK_KEYS)
     if mask_rows:
@@ -118,7 +124,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|")
         for key in mask_rows:
             runs = groups[key]
-            print(f"| {key[0]} | {key[1]} | {len(runs)} | {pm([r.get('mask_mean') for r in runs])} | "
+            print(f"| {label(key)} | {key[2]} | {len(runs)} | {pm([r.get('mask_mean') for r in runs])} | "
                   f"{pm([r.get('mask_max') for r in runs])} | {pm([r.get('mask_90') for r in runs])} | "
                   f"{pm([r['final'] for r in runs])} | {sum(r['collapse'] is not None for r in runs)}/{len(runs)} |")
 
