@@ -432,10 +432,10 @@ def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def _leftovers(level: str) -> dict[str, object]:
+def _leftovers(level: str) -> dict[str, list[object]]:
     """What sandbox calls could have left on the host: processes, files of sandbox uids in shared directories,
     System V IPC of sandbox uids, mounts of call directories, call cgroups."""
-    files = []
+    files: list[object] = []
     for d in uids.SHARED_DIRS:
         with_entries = Path(d)
         if with_entries.is_dir():
@@ -446,12 +446,13 @@ def _leftovers(level: str) -> dict[str, object]:
                     continue
                 if is_sandbox_uid(owner) or entry.name.startswith("steadyrl-stress-"):
                     files.append(str(entry))
-    ipc = []
+    ipc: list[object] = []
     for kind in ("shm", "msg", "sem"):
         header, *rows = [line.split() for line in Path(f"/proc/sysvipc/{kind}").read_text().splitlines() if line]
         ipc += [r for r in rows if is_sandbox_uid(int(r[header.index("uid")]))]
-    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if "steadyrl-tool-" in line]
-    cgroup_dirs = []
+    mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()
+    mounts: list[object] = [line for line in mountinfo if "steadyrl-tool-" in line]
+    cgroup_dirs: list[object] = []
     found = cgroups.layout()
     if found is not None:
         for base in found.bases.values():
@@ -466,7 +467,7 @@ def test_sixty_four_hostile_calls_next_to_a_learner(level: str) -> None:
     its idle median, and afterwards the host holds no process, file, IPC object, mount or cgroup of theirs."""
     idle = _learner(15)
     idle_times = json.loads(idle.communicate()[0])
-    before = sandbox_processes()
+    before, left_before = sandbox_processes(), _leftovers(level)  # what others (an earlier run) may have left
     config = level_config(level, workers=64, timeout_s=90.0, cpu_s=90, memory_mb=512)
     with SandboxPool(config) as pool:
         futures = [pool.submit(in_child(HOSTILE)) for _ in range(64)]
@@ -483,7 +484,8 @@ def test_sixty_four_hostile_calls_next_to_a_learner(level: str) -> None:
     assert all({n: d.get(n) for n in names} == dict.fromkeys(names, "denied") for d in denied), results[0]
     assert ratio <= 2.0, f"the learner ran {ratio:.2f}x slower next to 64 hostile calls"
     assert wait_for_no_new_processes(before, grace_s=3.0) == set()
-    assert _leftovers(level) == {"files": [], "ipc": [], "mounts": [], "cgroups": []}
+    left = _leftovers(level)
+    assert {k: [x for x in v if x not in left_before[k]] for k, v in left.items()} == {key: [] for key in left}
 
 
 def test_config_rejects_a_uid_range_off_the_machine() -> None:
