@@ -83,11 +83,12 @@ def guards_syscall(name: str, nr: int, *args: object) -> int:
 
 
 def landlock_abi() -> int:
-    """The Landlock ABI version the kernel offers; 0 when it has none (not built: ENOSYS; off at boot: EOPNOTSUPP)."""
+    """The Landlock ABI version the kernel offers; 0 when it has none (not built: ENOSYS; off at boot: EOPNOTSUPP;
+    refused by a container's own seccomp profile: EPERM)."""
     try:
         return guards_syscall("landlock_create_ruleset", LL_SYS_CREATE_RULESET, None, 0, LL_CREATE_RULESET_VERSION)
     except OSError as exc:
-        if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP):
+        if exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
             return 0
         raise
 
