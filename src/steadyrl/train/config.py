@@ -229,6 +229,10 @@ class RuntimeConfig(_Section):
     threads: int = Field(2, ge=0, le=1024, description="torch CPU threads of the learner process (0: torch's "
                          "default); the warm start uses its own model.warm_start.threads. Byte-identical "
                          "metrics need the same thread count.")
+    deterministic: bool = Field(True, description="torch.use_deterministic_algorithms (warn_only) during the run: "
+                                "with 2+ threads the CPU's default index_put_ accumulate (the backward of indexing) "
+                                "adds in thread order, so two runs of one config differed at float rounding from "
+                                "step 13 (docs/results.md, Reproducibility). false: torch's defaults.")
     samplers: int = Field(1, ge=1, le=1024, description="local/ray: number of sampler processes (actors).")
     sampler_threads: int = Field(1, ge=1, le=1024, description="local/ray: torch CPU threads of each sampler.")
     sampler_batch: int = Field(0, ge=0, le=MAX_BATCH, description="local/ray: groups (prompts) a sampler generates "

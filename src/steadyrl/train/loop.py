@@ -54,7 +54,7 @@ from steadyrl.train.learner import Learner
 from steadyrl.train.log_sinks import TRACKER_FILES, open_trackers, require_trackers
 from steadyrl.train.metrics import METRICS_FILE, TB_DIR, TIMINGS_FILE, MetricsOffsets, MetricsWriter, read_metrics
 from steadyrl.train.plot import PLOT_FILE, write_plot
-from steadyrl.train.seeding import generator
+from steadyrl.train.seeding import deterministic_algorithms, generator
 
 CONFIG_FILE = "config.yaml"
 #: Files and directories a run writes in out_dir (what a fresh start replaces; nothing else there is touched).
@@ -431,6 +431,11 @@ def _postfix(record: Mapping[str, Any], last_acc: float | None) -> dict[str, str
 
 def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None = None) -> RunResult:
     """Run (or resume) the training job ``cfg`` describes; see the module docstring for the order of events."""
+    with deterministic_algorithms(cfg.runtime.deterministic):
+        return _train(cfg, make_source=make_source, stop=stop)
+
+
+def _train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None) -> RunResult:
     if cfg.runtime.threads > 0:
         torch.set_num_threads(cfg.runtime.threads)
     wall0 = time.perf_counter()
