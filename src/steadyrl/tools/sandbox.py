@@ -419,12 +419,10 @@ def _prepare_dir(code: bytes, mode: str, owner: tuple[int, int] | None = None, d
     return made
 
 
-def _remove_tree(made: _CallDir | str) -> None:
+def _remove_tree(made: _CallDir) -> None:
     """Delete a call's directory (unmounting its working directory's tmpfs first), restoring permissions the code may
     have taken away from directories inside it — through descriptors, never following a symlink, and never touching
     anything outside it (a directory the code removed itself is simply gone)."""
-    if isinstance(made, str):
-        made = _CallDir(made, os.path.join(made, "tool.py"), os.path.join(made, "work"))
     if made.mounted:
         mounts.unmount(made.workdir)
     root = os.path.realpath(made.tmp)
