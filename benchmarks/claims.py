@@ -9,9 +9,13 @@ grid keys such as ``lr=0.001``: the regime, shown beside the method), and prints
   step with k3 above 1, first collapsed eval;
 * claim 4 (``claims_lag``): mean cos(g_t, g_{t−1}) over steps 20..end, and the fraction of steps with cos > 0.2;
 * claim 3 (``claims_masking``): mean and max masked fraction (``geo_mis/masked_frac``, ``m2po/masked_frac`` for
-  m2po) over steps, the fraction of steps masking > 90% of tokens, final eval accuracy.
+  m2po) over steps, the fraction of steps masking > 90% of tokens, final eval accuracy;
+* the learning-rate axis (runs with an ``lr`` grid key, ``regime_lr``): final accuracy per (method, lag) and lr, each
+  stale method at the synchronous reference's best lr (grpo at lag 0, best mean final accuracy) and at its own best;
+* every table shows the mean response length of its runs (``response/len_mean`` over all steps, in tokens).
 
     .venv/bin/python benchmarks/claims.py runs/claims_lag runs/claims_masking
+    .venv/bin/python benchmarks/claims.py runs/regime_lr runs/regime_length
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from steadyrl.sweep.config import REFERENCE_LAG, REFERENCE_METHOD
 from steadyrl.sweep.results import collapse_step
 from steadyrl.sweep.stats import mean_ci
 from steadyrl.train.metrics import METRICS_FILE, read_metrics
@@ -44,6 +49,7 @@ def run_stats(records: list[dict[str, Any]], method: str) -> dict[str, Any]:
     evals = [(int(r["step"]), float(r["eval/acc"])) for r in records if r.get("eval/acc") is not None]
     ess = [float(r["is/ess_ratio"]) for r in train if r.get("is/ess_ratio") is not None]
     k3 = [float(r["kl/k3"]) for r in train if r.get("kl/k3") is not None]
+    lengths = [float(r["response/len_mean"]) for r in train if r.get("response/len_mean") is not None]
     cos = [float(r["grad/cos_prev"]) for r in train if r.get("grad/cos_prev") is not None and int(r["step"]) >= 20]
     out: dict[str, Any] = {
         "final": evals[-1][1] if evals else None,
@@ -55,6 +61,7 @@ def run_stats(records: list[dict[str, Any]], method: str) -> dict[str, Any]:
         "kl_onset": first_step(train, lambda r: r.get("kl/k3") is not None and r["kl/k3"] > 1.0),
         "cos_mean": statistics.mean(cos) if cos else None,
         "cos_high": sum(c > 0.2 for c in cos) / len(cos) if cos else None,
+        "resp_len": statistics.mean(lengths) if lengths else None,
     }
     key = MASK_KEYS.get(method)
     masked = [float(r[key]) for r in train if key and r.get(key) is not None]
@@ -99,13 +106,14 @@ def main() -> None:
         return f"{key[0]} ({key[1]})" if key[1] else key[0]
 
     print("### Claims 1 and 2: accuracy, ESS and KL against lag\n")
-    print("| method | lag | seeds | final acc | best acc | collapsed | min ESS ratio | max k3 | "
+    print("| method | lag | seeds | resp tokens | final acc | best acc | collapsed | min ESS ratio | max k3 | "
           "first ESS < 0.05 (per seed) | first k3 > 1 | collapsed at |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in lag_rows:
         runs = sorted(groups[key], key=lambda s: s["seed"])
-        print(f"| {label(key)} | {key[2]} | {len(runs)} | {pm([r['final'] for r in runs])} | "
-              f"{pm([r['best'] for r in runs])} | {sum(r['collapse'] is not None for r in runs)}/{len(runs)} | "
+        print(f"| {label(key)} | {key[2]} | {len(runs)} | {pm([r['resp_len'] for r in runs], 1)} | "
+              f"{pm([r['final'] for r in runs])} | {pm([r['best'] for r in runs])} | "
+              f"{sum(r['collapse'] is not None for r in runs)}/{len(runs)} | "
               f"{pm([r['min_ess'] for r in runs])} | {pm([r['max_k3'] for r in runs], 2)} | "
               f"{onsets([r['ess_onset'] for r in runs])} | {onsets([r['kl_onset'] for r in runs])} | "
               f"{onsets([r['collapse'] for r in runs])} |")
@@ -116,17 +124,64 @@ def main() -> None:
         runs = groups[key]
         print(f"| {label(key)} | {key[2]} | {len(runs)} | {pm([r['cos_mean'] for r in runs])} | "
               f"{pm([r['cos_high'] for r in runs])} |")
+    lr_table(groups)
     mask_rows = sorted(k for k in groups if k[0] in MASK_KEYS)
     if mask_rows:
         print("\n### Claim 3: masked fraction against lag\n")
-        print("| method | lag | seeds | mean masked fraction | max masked fraction | steps masking > 90% | "
-              "final acc | collapsed |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| method | lag | seeds | resp tokens | mean masked fraction | max masked fraction | "
+              "steps masking > 90% | final acc | collapsed |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for key in mask_rows:
             runs = groups[key]
-            print(f"| {label(key)} | {key[2]} | {len(runs)} | {pm([r.get('mask_mean') for r in runs])} | "
+            print(f"| {label(key)} | {key[2]} | {len(runs)} | {pm([r['resp_len'] for r in runs], 1)} | "
+                  f"{pm([r.get('mask_mean') for r in runs])} | "
                   f"{pm([r.get('mask_max') for r in runs])} | {pm([r.get('mask_90') for r in runs])} | "
                   f"{pm([r['final'] for r in runs])} | {sum(r['collapse'] is not None for r in runs)}/{len(runs)} |")
+
+
+def regime_without(regime: str, key: str) -> tuple[str, str | None]:
+    """``"length=worked2, lr=0.001"`` without ``lr`` → (``"length=worked2"``, ``"0.001"``)."""
+    parts = [p.split("=", 1) for p in regime.split(", ") if p]
+    value = next((v for k, v in parts if k == key), None)
+    return ", ".join(f"{k}={v}" for k, v in parts if k != key), value
+
+
+def lr_table(groups: dict[tuple[str, str, int], list[dict[str, Any]]]) -> None:
+    """Final accuracy per lr; each stale (method, lag) at the sync reference's best lr and at its own best lr."""
+    by_cell: dict[tuple[str, str, int], dict[float, list[float]]] = defaultdict(dict)
+    for (method, regime, lag), runs in groups.items():
+        rest, lr = regime_without(regime, "lr")
+        if lr is not None:
+            by_cell[method, rest, lag][float(lr)] = [r["final"] for r in runs if r["final"] is not None]
+    if not by_cell:
+        return
+    lrs = sorted({lr for cell in by_cell.values() for lr in cell})
+    print("\n### Learning rate: final accuracy per lr (mean ± 95% CI over seeds; best lr of each row in bold)\n")
+    print("| method | lag | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr |")
+    print("|---|---|" + "---|" * (len(lrs) + 1))
+    best: dict[tuple[str, str, int], float] = {}
+    for cell in sorted(by_cell):
+        finals = by_cell[cell]
+        best[cell] = max(finals, key=lambda lr: statistics.mean(finals[lr]) if finals[lr] else -1.0)
+        cells = [(f"**{pm(finals[lr])}**" if lr == best[cell] else pm(finals[lr])) if lr in finals else "-"
+                 for lr in lrs]
+        name = f"{cell[0]} ({cell[1]})" if cell[1] else cell[0]
+        print(f"| {name} | {cell[2]} | " + " | ".join(cells) + f" | {best[cell]:g} |")
+    print("\n| method | lag | sync's best lr | sync's final there | method's final at sync's best lr | "
+          "method's best lr | method's final there | Δ vs sync's best (own best lr) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for cell in sorted(by_cell):
+        method, rest, lag = cell
+        sync = (REFERENCE_METHOD, rest, REFERENCE_LAG)
+        if cell == sync or sync not in best:
+            continue
+        sync_lr, own_lr = best[sync], best[cell]
+        sync_acc = statistics.mean(by_cell[sync][sync_lr])
+        at_sync = by_cell[cell].get(sync_lr, [])
+        own = by_cell[cell][own_lr]
+        name = f"{method} ({rest})" if rest else method
+        print(f"| {name} | {lag} | {sync_lr:g} | {sync_acc:.3f} | {pm(at_sync)} | {own_lr:g} | {pm(own)} | "
+              f"{statistics.mean(own) - sync_acc:+.3f} |")
 
 
 if __name__ == "__main__":
