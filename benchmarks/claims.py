@@ -15,7 +15,8 @@ grid keys such as ``lr=0.001``: the regime, shown beside the method), and prints
 * every table shows the mean response length of its runs (``response/len_mean`` over all steps, in tokens).
 
     .venv/bin/python benchmarks/claims.py runs/claims_lag runs/claims_masking
-    .venv/bin/python benchmarks/claims.py runs/regime_lr runs/regime_length
+    .venv/bin/python benchmarks/claims.py runs/regime_lr --plot-lr docs/img/regime_lr.png
+    .venv/bin/python benchmarks/claims.py runs/regime_length
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def onsets(values: Sequence[int | None]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories")
+    parser.add_argument("--plot-lr", type=Path, default=None, help="write the accuracy-against-lr figure here (PNG)")
     args = parser.parse_args()
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for sweep in args.sweeps:
@@ -124,7 +126,9 @@ def main() -> None:
         runs = groups[key]
         print(f"| {label(key)} | {key[2]} | {len(runs)} | {pm([r['cos_mean'] for r in runs])} | "
               f"{pm([r['cos_high'] for r in runs])} |")
-    lr_table(groups)
+    by_lr = lr_table(groups)
+    if args.plot_lr is not None and by_lr:
+        plot_lr(by_lr, args.plot_lr)
     mask_rows = sorted(k for k in groups if k[0] in MASK_KEYS)
     if mask_rows:
         print("\n### Claim 3: masked fraction against lag\n")
@@ -146,15 +150,19 @@ def regime_without(regime: str, key: str) -> tuple[str, str | None]:
     return ", ".join(f"{k}={v}" for k, v in parts if k != key), value
 
 
-def lr_table(groups: dict[tuple[str, str, int], list[dict[str, Any]]]) -> None:
-    """Final accuracy per lr; each stale (method, lag) at the sync reference's best lr and at its own best lr."""
+LrCells = dict[tuple[str, str, int], dict[float, list[float]]]
+
+
+def lr_table(groups: dict[tuple[str, str, int], list[dict[str, Any]]]) -> LrCells:
+    """Final accuracy per lr; each stale (method, lag) at the sync reference's best lr and at its own best lr.
+    Returns the final accuracies per (method, rest of the regime, lag) and lr (empty without an lr grid key)."""
     by_cell: dict[tuple[str, str, int], dict[float, list[float]]] = defaultdict(dict)
     for (method, regime, lag), runs in groups.items():
         rest, lr = regime_without(regime, "lr")
         if lr is not None:
             by_cell[method, rest, lag][float(lr)] = [r["final"] for r in runs if r["final"] is not None]
     if not by_cell:
-        return
+        return by_cell
     lrs = sorted({lr for cell in by_cell.values() for lr in cell})
     print("\n### Learning rate: final accuracy per lr (mean ± 95% CI over seeds; best lr of each row in bold)\n")
     print("| method | lag | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr |")
@@ -182,6 +190,38 @@ def lr_table(groups: dict[tuple[str, str, int], list[dict[str, Any]]]) -> None:
         name = f"{method} ({rest})" if rest else method
         print(f"| {name} | {lag} | {sync_lr:g} | {sync_acc:.3f} | {pm(at_sync)} | {own_lr:g} | {pm(own)} | "
               f"{statistics.mean(own) - sync_acc:+.3f} |")
+    return by_cell
+
+
+def plot_lr(by_cell: LrCells, path: Path) -> None:
+    """Final accuracy against lr (log axis), one line per (method, lag): mean ± 95% CI, single seeds as dots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    for i, cell in enumerate(sorted(by_cell)):
+        method, rest, lag = cell
+        lrs = sorted(lr for lr in by_cell[cell] if by_cell[cell][lr])
+        dodge = 1.0 + 0.04 * (i - (len(by_cell) - 1) / 2)  # side by side on the log axis
+        cis = [mean_ci(by_cell[cell][lr]) for lr in lrs]
+        name = f"{method} lag {lag}" + (f" ({rest})" if rest else "")
+        line = ax.errorbar([lr * dodge for lr in lrs], [c.mean for c in cis], yerr=[c.half_width for c in cis],
+                           marker="o", capsize=3, label=name)  # fmt: skip
+        for lr in lrs:
+            ax.scatter([lr * dodge] * len(by_cell[cell][lr]), by_cell[cell][lr], s=9, alpha=0.45,
+                       color=line[0].get_color())  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("final eval accuracy")
+    ax.set_title("Final accuracy against lr: mean ± 95% CI over seeds (dots: single seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

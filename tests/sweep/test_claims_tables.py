@@ -50,3 +50,10 @@ def test_lr_table_compares_at_syncs_best_lr_and_at_the_methods_own(sweep: Path, 
     assert row[7].strip(" |") == "-0.090"
     assert "lr 0.001" not in out  # the unfinished run is not counted
     assert "**0.710 ± " in out and "**0.620 ± " in out  # each row's best lr in bold
+
+
+def test_plot_lr_writes_a_png(sweep: Path, tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "img" / "lr.png"
+    monkeypatch.setattr("sys.argv", ["claims.py", str(sweep), "--plot-lr", str(out)])
+    claims.main()
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
