@@ -156,11 +156,14 @@ LrCells = dict[tuple[str, str, int], dict[float, list[float]]]
 def lr_table(groups: dict[tuple[str, str, int], list[dict[str, Any]]]) -> LrCells:
     """Final accuracy per lr; each stale (method, lag) at the sync reference's best lr and at its own best lr.
     Returns the final accuracies per (method, rest of the regime, lag) and lr (empty without an lr grid key)."""
-    by_cell: dict[tuple[str, str, int], dict[float, list[float]]] = defaultdict(dict)
+    by_cell: LrCells = defaultdict(dict)
+    by_seed: dict[tuple[str, str, int], dict[float, dict[int, float]]] = defaultdict(dict)
     for (method, regime, lag), runs in groups.items():
         rest, lr = regime_without(regime, "lr")
         if lr is not None:
-            by_cell[method, rest, lag][float(lr)] = [r["final"] for r in runs if r["final"] is not None]
+            done = sorted((r for r in runs if r["final"] is not None), key=lambda r: r["seed"])
+            by_cell[method, rest, lag][float(lr)] = [r["final"] for r in done]
+            by_seed[method, rest, lag][float(lr)] = {r["seed"]: r["final"] for r in done}
     if not by_cell:
         return by_cell
     lrs = sorted({lr for cell in by_cell.values() for lr in cell})
@@ -176,8 +179,8 @@ def lr_table(groups: dict[tuple[str, str, int], list[dict[str, Any]]]) -> LrCell
         name = f"{cell[0]} ({cell[1]})" if cell[1] else cell[0]
         print(f"| {name} | {cell[2]} | " + " | ".join(cells) + f" | {best[cell]:g} |")
     print("\n| method | lag | sync's best lr | sync's final there | method's final at sync's best lr | "
-          "method's best lr | method's final there | Δ vs sync's best (own best lr) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "method's best lr | method's final there | Δ vs sync's best (own best lr) | Δ per seed (same seed) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for cell in sorted(by_cell):
         method, rest, lag = cell
         sync = (REFERENCE_METHOD, rest, REFERENCE_LAG)
@@ -188,8 +191,10 @@ def lr_table(groups: dict[tuple[str, str, int], list[dict[str, Any]]]) -> LrCell
         at_sync = by_cell[cell].get(sync_lr, [])
         own = by_cell[cell][own_lr]
         name = f"{method} ({rest})" if rest else method
+        sync_seeds, own_seeds = by_seed[sync][sync_lr], by_seed[cell][own_lr]
+        paired = ", ".join(f"{own_seeds[k] - sync_seeds[k]:+.3f}" for k in sorted(own_seeds) if k in sync_seeds)
         print(f"| {name} | {lag} | {sync_lr:g} | {sync_acc:.3f} | {pm(at_sync)} | {own_lr:g} | {pm(own)} | "
-              f"{statistics.mean(own) - sync_acc:+.3f} |")
+              f"{statistics.mean(own) - sync_acc:+.3f} | {paired or '-'} |")
     return by_cell
 
 
