@@ -13,9 +13,16 @@ it states, each compared at the precision written (``0.07`` matches a measured 0
   N`` (the step of that last eval) and ``(peak X)`` / ``(best X)`` (the highest eval accuracy);
 * a column whose header names ``ESS``: the minimum ``is/ess_ratio``; one that names ``k3``: the maximum ``kl/k3``.
 
+**Machine type.** The warm-started weights, and so every number, depend on the CPU instruction set torch's kernels
+use (``torch.backends.cpu.get_cpu_capability()``: ``AVX512``, ``AVX2``, ...; it is in the warm start's cache key). A
+table with a column whose header names ``CPU`` states each row for the capability written first in that cell; only
+the rows of this machine's capability are checked. When the command has rows but none for this machine, nothing can
+be compared: the measured values are printed as a ``NOT CHECKED`` line to add as a row, and the exit status is 0
+(a missing row is not a stale one; the same machine type still fails on any stale number).
+
 The measured values come from :func:`steadyrl.train.loop.summarize`, the summary ``steadyrl train`` prints at its end.
-Exit status 0: every stated number matches; 1: some are stale (each named, with the measured value); 2: no row of
-that command, or no run.
+Exit status 0: every stated number matches (or no row is for this CPU); 1: some are stale (each named, with the
+measured value); 2: no row of that command, or no run.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from steadyrl.train.metrics import METRICS_FILE, read_metrics
 
 #: Marks the results table's accuracy column (its header).
 ACC_HEADER = "base → final"
+#: Marks the column that says which CPU capability a row was measured with (its header).
+CPU_HEADER = "CPU"
 _NUMBER = r"-?\d+(?:\.\d+)?"
 _BASE_FINAL = re.compile(rf"({_NUMBER})\s*→\s*({_NUMBER})")
 _AT_STEP = re.compile(r"\bat step (\d+)")
@@ -134,12 +143,31 @@ def measured_values(records: Sequence[Mapping[str, Any]]) -> dict[str, float | N
     }
 
 
-def check(readme: str, records: Sequence[Mapping[str, Any]], command: str) -> list[Check]:
-    """Every number the row of ``command`` states, next to the run's; raises LookupError when no row has it."""
+def row_cpu(cells: Mapping[str, str]) -> str | None:
+    """The CPU capability a row states (first word of its ``CPU`` column, markup stripped); None without the column."""
+    for header, cell in cells.items():
+        if CPU_HEADER in header:
+            words = cell.replace("`", " ").replace("*", " ").split()
+            return words[0] if words else ""
+    return None
+
+
+def cpu_capability() -> str:
+    """This machine's CPU capability as torch's kernels see it (the warm start's cache key holds the same)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def check(readme: str, records: Sequence[Mapping[str, Any]], command: str, *, cpu: str | None = None) -> list[Check]:
+    """Every number the rows of ``command`` for CPU capability ``cpu`` state (rows without a CPU column: all of
+    them), next to the run's; raises LookupError when no row has the command. An empty list: rows for other CPUs
+    only."""
     command = " ".join(command.split())
     rows = [(line, cells) for line, cells in table_rows(readme) if row_command(cells) == command]
     if not rows:
         raise LookupError(f"the README's results table has no row for `{command}`")
+    rows = [(line, cells) for line, cells in rows if row_cpu(cells) in (None, cpu)]
     measured = measured_values(records)
     return [Check(s, measured[s.key]) for line, cells in rows for s in stated_numbers(line, cells)]
 
@@ -162,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--readme", type=Path, default=Path(__file__).resolve().parents[1] / "README.md")
     parser.add_argument("--run", type=Path, required=True, help="the run's out_dir (it has metrics.jsonl)")
+    parser.add_argument("--cpu", default=None, help="check the rows of this CPU capability (default: this machine's)")
     parser.add_argument("overrides", nargs="*", help="the run's `steadyrl train` overrides (they name the row)")
     args = parser.parse_args(argv)
     command = " ".join(["steadyrl train", *args.overrides])
@@ -169,11 +198,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not records:
         print(f"docs_numbers: no metrics in {args.run / METRICS_FILE}; run the job first", file=sys.stderr)
         return 2
+    cpu = args.cpu or cpu_capability()
     try:
-        checks = check(args.readme.read_text(), records, command)
+        checks = check(args.readme.read_text(), records, command, cpu=cpu)
     except LookupError as err:
         print(f"docs_numbers: {err} ({args.readme})", file=sys.stderr)
         return 2
+    if not checks:
+        m = measured_values(records)
+        print(f"NOT CHECKED  {args.readme}: no row of `{command}` is for this machine's CPU ({cpu}); measured here: "
+              f"{m['base_acc']:.3f} → {m['final_acc']:.3f}, min ESS ratio {m['min_ess_ratio']:.3g}, "
+              f"max KL k3 {m['max_kl_k3']:.3g}: add them as a row for {cpu}")
+        return 0
     print(report(checks, readme=args.readme, command=command))
     stale = [c for c in checks if not c.ok]
     if stale:

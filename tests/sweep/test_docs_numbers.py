@@ -79,3 +79,32 @@ def test_precision_is_the_one_written() -> None:
     stated = docs_numbers.Stated("min ESS ratio", "min_ess_ratio", "0.07", 1)
     assert docs_numbers.Check(stated, 0.0712).ok and docs_numbers.Check(stated, 0.0749).ok
     assert not docs_numbers.Check(stated, 0.0751).ok and not docs_numbers.Check(stated, None).ok
+
+
+CPU_README = """| command | CPU kernels | base → final eval acc | min ESS ratio | max KL k3 |
+|---|---|---|---|---|
+| `steadyrl train` (the default) | `AVX512` (session 9) | 0.40 → **0.11** | 0.95 | 0.05 |
+| `steadyrl train` (the default) | `AVX2` | 0.40 → **0.55** | 0.95 | 0.05 |
+| `steadyrl train method=grpo` | `AVX512` | 0.40 → 0.55 | 0.95 | 0.05 |
+"""
+
+
+def test_only_the_rows_of_this_machines_cpu_are_checked(tmp_path: Path, run: Path, capsys) -> None:
+    assert _main(tmp_path, run, CPU_README, "--cpu", "AVX2") == 0  # the AVX512 row's 0.11 is not this machine's
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out] == ["ok"] * 4 and all(":4 " in line for line in out)
+    assert _main(tmp_path, run, CPU_README, "--cpu", "AVX512") == 1  # on an AVX512 machine it is stale
+    assert "final eval accuracy says 0.11, the run measured 0.55" in capsys.readouterr().out
+
+
+def test_a_command_without_a_row_for_this_cpu_is_reported_not_checked(tmp_path: Path, run: Path, capsys) -> None:
+    assert _main(tmp_path, run, CPU_README, "--cpu", "AVX2", "method=grpo") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("NOT CHECKED") and "CPU (AVX2)" in out and "0.400 → 0.550" in out
+    assert docs_numbers.cpu_capability()  # this machine's, as torch reports it
+
+
+def test_every_main_job_row_of_the_readme_says_its_cpu() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = [c for _, c in docs_numbers.table_rows(readme) if docs_numbers.row_command(c) == "steadyrl train"]
+    assert rows and all(docs_numbers.row_cpu(c) for c in rows)  # every main-job row says its CPU
