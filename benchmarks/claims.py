@@ -17,6 +17,7 @@ grid keys such as ``lr=0.001``: the regime, shown beside the method), and prints
     .venv/bin/python benchmarks/claims.py runs/claims_lag runs/claims_masking
     .venv/bin/python benchmarks/claims.py runs/regime_lr --plot-lr docs/img/regime_lr.png
     .venv/bin/python benchmarks/claims.py runs/regime_length
+    .venv/bin/python benchmarks/claims.py runs/regime_lr --max-step 200   # the same sweep as if it had run 200 steps
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ def onsets(values: Sequence[int | None]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep directories")
+    parser.add_argument("--max-step", type=int, default=None,
+                        help="read every run only up to this step (its eval there is the final one): compares sweeps "
+                        "of different lengths at the same step")  # fmt: skip
     parser.add_argument("--plot-lr", type=Path, default=None, help="write the accuracy-against-lr figure here (PNG)")
     args = parser.parse_args()
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
@@ -97,6 +101,9 @@ def main() -> None:
             keys = parse_name(run.name)
             records = read_metrics(run / METRICS_FILE)
             finished = bool(records) and "reward/mean" not in records[-1] and records[-1].get("eval/acc") is not None
+            if args.max_step is not None:  # the run as if it had stopped at that step (its eval there is the final)
+                records = [r for r in records if int(r["step"]) < args.max_step or
+                           (int(r["step"]) == args.max_step and r.get("eval/acc") is not None)]  # fmt: skip
             if not finished or "method" not in keys:
                 continue  # still running, or not a run
             stats = run_stats(records, keys["method"]) | {"seed": int(keys.get("seed", 0))}

@@ -58,3 +58,11 @@ def test_plot_lr_writes_a_png(sweep: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr("sys.argv", ["claims.py", str(sweep), "--plot-lr", str(out)])
     claims.main()
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_max_step_reads_each_run_as_if_it_had_stopped_there(sweep: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("sys.argv", ["claims.py", str(sweep), "--max-step", "0"])
+    claims.main()
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| grpo | 0 | "))
+    assert row.count("0.300") == 2  # every final is the step-0 eval (0.3), at both lrs
