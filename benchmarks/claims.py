@@ -54,6 +54,7 @@ def run_stats(records: list[dict[str, Any]], method: str) -> dict[str, Any]:
     lengths = [float(r["response/len_mean"]) for r in train if r.get("response/len_mean") is not None]
     cos = [float(r["grad/cos_prev"]) for r in train if r.get("grad/cos_prev") is not None and int(r["step"]) >= 20]
     out: dict[str, Any] = {
+        "base": evals[0][1] if evals else None,
         "final": evals[-1][1] if evals else None,
         "best": max(a for _, a in evals) if evals else None,
         "collapse": collapse_step(evals),
@@ -115,13 +116,13 @@ def main() -> None:
         return f"{key[0]} ({key[1]})" if key[1] else key[0]
 
     print("### Claims 1 and 2: accuracy, ESS and KL against lag\n")
-    print("| method | lag | seeds | resp tokens | final acc | best acc | collapsed | min ESS ratio | max k3 | "
-          "first ESS < 0.05 (per seed) | first k3 > 1 | collapsed at |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| method | lag | seeds | resp tokens | base acc | final acc | best acc | collapsed | min ESS ratio | "
+          "max k3 | first ESS < 0.05 (per seed) | first k3 > 1 | collapsed at |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in lag_rows:
         runs = sorted(groups[key], key=lambda s: s["seed"])
         print(f"| {label(key)} | {key[2]} | {len(runs)} | {pm([r['resp_len'] for r in runs], 1)} | "
-              f"{pm([r['final'] for r in runs])} | {pm([r['best'] for r in runs])} | "
+              f"{pm([r['base'] for r in runs])} | {pm([r['final'] for r in runs])} | {pm([r['best'] for r in runs])} | "
               f"{sum(r['collapse'] is not None for r in runs)}/{len(runs)} | "
               f"{pm([r['min_ess'] for r in runs])} | {pm([r['max_k3'] for r in runs], 2)} | "
               f"{onsets([r['ess_onset'] for r in runs])} | {onsets([r['kl_onset'] for r in runs])} | "
