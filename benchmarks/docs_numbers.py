@@ -153,10 +153,11 @@ def row_cpu(cells: Mapping[str, str]) -> str | None:
 
 
 def cpu_capability() -> str:
-    """This machine's CPU capability as torch's kernels see it (the warm start's cache key holds the same)."""
-    import torch
+    """This machine's CPU capability as torch's kernels see it: the one the warm start's cache key holds
+    (:func:`steadyrl.models.warmstart.platform_identity`)."""
+    from steadyrl.models.warmstart import platform_identity
 
-    return torch.backends.cpu.get_cpu_capability()
+    return platform_identity()["cpu_capability"]
 
 
 def check(readme: str, records: Sequence[Mapping[str, Any]], command: str, *, cpu: str | None = None) -> list[Check]:
