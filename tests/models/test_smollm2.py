@@ -191,6 +191,30 @@ def test_sampler_stops_at_end_of_turn_and_learner_recompute_matches(policy: Poli
 
 
 @pytest.mark.slow
+def test_float64_learner_recompute_equals_the_sampler(policy: Policy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same check in float64 (a float64 copy of the model, transformers' float32-rounding RMSNorm replaced): the
+    gap falls from float32's ~1e-5 to 1e-10, so at lag 0 the sampler and the learner compute the same function and
+    the float32 gap is the order of float32 sums over 30 layers (docs/scale.md)."""
+    import copy
+
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from tests.rollout.test_logprobs import _float64_rms_norm
+
+    monkeypatch.setattr(LlamaRMSNorm, "forward", _float64_rms_norm)
+    model, tokenizer = copy.deepcopy(policy.model).double().eval(), policy.tokenizer
+    rollouts = generate(
+        model, tokenizer, [_chat(tokenizer, QUESTION), _chat(tokenizer, STORY)], group_size=GROUP,
+        max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE, generator=torch.Generator().manual_seed(0), version=0,
+    )  # fmt: skip
+    assert rollouts.response_mask.sum(-1).max() == MAX_NEW_TOKENS
+    with torch.no_grad():
+        logp = sequence_logprobs(model, rollouts, temperature=TEMPERATURE).logp
+    gap = (logp - rollouts.behav_logp).abs()[rollouts.response_mask]
+    assert rollouts.behav_logp.dtype == torch.float64 and gap.max() <= 1e-10
+
+
+@pytest.mark.slow
 def test_steadyrl_train_runs_smollm2_on_reasoning_gym_with_long_responses(smollm2_cache: Path, tmp_path: Path) -> None:
     """The issue's acceptance run: 2 RL steps of the real instruct model on a reasoning-gym task rendered with its
     chat template, 48-token budget, lag 0 (so the learner's log-probs are the sampler's to float32 rounding)."""

@@ -275,3 +275,36 @@ def test_expand_prefill_cache_keeps_a_sliding_window_cache() -> None:
     kept = expand_prefill_cache(sliding, repeats=2, capacity=10)
     assert kept is sliding and kept.layers[1].keys.shape[0] == 4
     torch.testing.assert_close(kept.layers[0].keys, keys.repeat_interleave(2, dim=0))
+
+
+@pytest.mark.parametrize(("share_prompts", "preallocate", "compact"), [(False, False, 0.75), (True, True, 1.0)])
+def test_float64_behavior_logp_is_the_learner_recompute(
+    tokenizer: PreTrainedTokenizerFast,
+    monkeypatch: pytest.MonkeyPatch,
+    share_prompts: bool,
+    preallocate: bool,
+    compact: float,
+) -> None:
+    """Lag 0 in float64 end to end (transformers' RMSNorm rounds to float32, so it is replaced): the sampler's μ from
+    the KV-cache decode (left padding, prefill shared by the group, row compaction, the preallocated cache) equals the
+    learner's recompute (one pass, or each distinct prompt once) to 1e-10. So the float32 gap at lag 0
+    (docs/scale.md: max 2.9e-5 on SmolLM2) is rounding, not a difference between the two functions."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
+    from tests.rollout.test_logprobs import _float64_rms_norm
+
+    monkeypatch.setattr(LlamaRMSNorm, "forward", _float64_rms_norm)
+    monkeypatch.setattr(sampler, "PREALLOCATE_MIN_NEW_TOKENS", 1 if preallocate else 10**9)
+    monkeypatch.setattr(sampler, "COMPACT_BELOW", compact)
+    arch = TinyArchConfig(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+    model = build_tiny_model(arch, tokenizer=tokenizer, seed=2).double().eval()
+    r = generate(model, tokenizer, PROMPTS, group_size=4, max_new_tokens=40, version=0, temperature=0.8,
+                 generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert r.behav_logp.dtype == torch.float64
+    assert r.response_mask.sum() > 4 * len(r)  # several decode steps per row
+    if compact == 1.0:
+        assert not r.response_mask.all()  # rows ended, so compaction ran
+    with torch.no_grad():
+        logp = sequence_logprobs(model, r, temperature=0.8, share_prompts=share_prompts).logp
+    torch.testing.assert_close(logp, r.behav_logp, atol=1e-10, rtol=0)
