@@ -3,7 +3,7 @@ in bf16-mixed precision at lag 0, and print what a GPU run needs to show (docs/s
 
 1. Build the embedded Llama (:func:`steadyrl.models.build_tiny_model`) at the size ``--size`` names (``gpu``: hidden
    768, 12 layers, 12 heads, MLP 2048, 85.0M parameters; ``tiny``: hidden 32, 2 layers, the CPU smoke run), place it
-   on ``--device`` (:class:`steadyrl.train.device.Placement`), warm-start it there on the main job's chain_sum
+   on ``--device`` (:class:`steadyrl.base.device.Placement`), warm-start it there on the main job's chain_sum
    (two 2-digit terms) for at most ``warm_start.max_steps`` steps, and save it with its tokenizer.
 2. Run ``steadyrl train`` in-process on that directory (``model.name=<dir>``) with ``precision=bf16-mixed``,
    ``lag=0`` (so every step logs ``mismatch/*``, the bf16 KV-cache sampler against the learner's one-pass recompute)
@@ -38,10 +38,10 @@ from typing import Any
 import torch
 import transformers
 
+from steadyrl.base.device import Placement
 from steadyrl.models import TinyArchConfig, WarmStartConfig, build_char_tokenizer, build_tiny_model, warm_start
 from steadyrl.tasks import build_task
 from steadyrl.train.config import MAIN_JOB_TASK
-from steadyrl.train.device import Placement
 from steadyrl.train.entry import main as train_main
 from steadyrl.train.metrics import METRICS_FILE, read_metrics
 

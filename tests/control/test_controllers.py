@@ -93,4 +93,22 @@ def test_gac_skip_asks_the_learner_not_to_step() -> None:
     state = ctrl.state_dict()
     (fresh,) = build_controllers(resolve_method("gac"))
     fresh.load_state_dict(state)
-    assert torch.equal(fresh.prev, ctrl.prev)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.prev, ctrl.prev, strict=True))
+
+
+def test_gac_reads_a_flat_previous_gradient_of_an_older_checkpoint() -> None:
+    """A checkpoint that kept g_prev as one flat vector restores to the same decision as per-parameter parts."""
+    model, opt = _model_and_opt()
+    params = list(model.parameters())
+    P = sum(p.numel() for p in params)
+    prev = torch.arange(1.0, P + 1)
+    per_part, flat = build_controllers(resolve_method("gac")) + build_controllers(resolve_method("gac"))
+    pieces = prev.split([p.numel() for p in params])
+    per_part.load_state_dict({"prev": [t.view_as(p).clone() for t, p in zip(pieces, params, strict=True)]})
+    flat.load_state_dict({"prev": prev.clone()})
+    outs = []
+    for ctrl in (per_part, flat):
+        _set_grads(model, prev * 0.5 + torch.linspace(-1, 1, P))
+        outs.append((ctrl.before_step(optimizer=opt, params=params, metrics={}), [p.grad.clone() for p in params]))
+    assert outs[0][0]["gac/cos"].item() == outs[1][0]["gac/cos"].item() > 0.9
+    assert all(torch.equal(a, b) for a, b in zip(outs[0][1], outs[1][1], strict=True))

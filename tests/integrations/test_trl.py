@@ -301,3 +301,25 @@ def test_missing_trl_is_a_one_line_error() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
     assert out == "steadyrl.integrations.trl needs TRL: pip install trl==1.16.0"
+
+
+def test_per_trajectory_norms_refuse_sharded_weights() -> None:
+    """OPOB/VCPO's norms run on the unwrapped model of each process: under FSDP or ZeRO-3 that model holds a shard,
+    so the trainer refuses them with the fix named; ZeRO-2 (whole weights on every process) is allowed."""
+    from types import SimpleNamespace
+
+    def trainer(method: str, **flags: Any) -> SimpleNamespace:
+        spec = resolve_method(method)
+        zero = flags.pop("zero_stage", None)
+        accel = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=zero)))
+        return SimpleNamespace(
+            args=SimpleNamespace(beta=0.04), steadyrl_method=spec, steadyrl_needs=strl.required_inputs(spec),
+            accelerator=accel, steadyrl_advantages="trl", **flags,
+        )  # fmt: skip
+
+    assert strl.sharding_reason(trainer("vcpo", is_fsdp_enabled=True)) == "FSDP"
+    assert strl.sharding_reason(trainer("vcpo", is_deepspeed_enabled=True, zero_stage=3)) == "DeepSpeed ZeRO-3"
+    assert strl.sharding_reason(trainer("vcpo", is_deepspeed_enabled=True, zero_stage=2)) is None
+    for flags in ({"is_fsdp_enabled": True}, {"is_deepspeed_enabled": True, "zero_stage": 3}):
+        with pytest.raises(ValueError, match=r"per-trajectory gradient norms.*DDP or ZeRO-1/2"):
+            strl.GRPOTrainer._check_config(trainer("vcpo", **flags))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from steadyrl.train.seeding import deterministic_algorithms
+from steadyrl.base.seeding import deterministic_algorithms
 
 NOT_TIMED = ("time/", "_s", "per_s", "tokens_per")
 

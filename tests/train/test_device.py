@@ -1,4 +1,4 @@
-"""Device and precision (steadyrl.train.device): where the learner runs, and that every log-prob in a ratio is fp32.
+"""Device and precision (steadyrl.base.device): where the learner runs, and that every log-prob in a ratio is fp32.
 
 bf16 autocast runs on the CPU, so every precision is tested here; a CUDA device is tested only where one exists.
 """
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from steadyrl.base.device import DeviceError, Float32OutputLinear, Placement, resolve_device
 from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
@@ -20,7 +21,6 @@ from steadyrl.rollout.sampler import generate
 from steadyrl.train import learner as learner_module
 from steadyrl.train.config import OptimConfig, TrainConfig
 from steadyrl.train.configio import ConfigError, load_config
-from steadyrl.train.device import DeviceError, Float32OutputLinear, Placement, resolve_device
 from steadyrl.train.entry import main
 from steadyrl.train.learner import Learner
 from steadyrl.train.metrics import read_metrics

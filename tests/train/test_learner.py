@@ -193,7 +193,8 @@ def test_gac_shares_the_previous_gradient_with_the_learner(model, batch) -> None
     learner = _learner(model, method="seq_tis+gac")
     learner.step(*batch)
     out = learner.step(*batch)
-    assert learner.prev_grad is None and learner.controllers[0].prev is not None
+    assert learner._prev_grad is None and learner.controllers[0].prev is not None
+    assert learner.prev_grad is learner.controllers[0].prev
     assert out.metrics["grad/cos_prev"] == pytest.approx(out.metrics["gac/cos"], abs=1e-6)
     assert out.metrics["grad/cos_prev"] != 0.0
 

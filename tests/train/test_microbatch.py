@@ -79,9 +79,9 @@ def _raw_grad(
     )  # fmt: skip
     out = learner.step(*batch)
     assert out.skipped == 0, out.reasons
-    grad = learner.prev_grad if learner._gac_raw is None else learner._gac_raw.prev
+    grad = learner.prev_grad  # per parameter; GAC's own copy when GAC keeps the raw one
     assert grad is not None
-    return grad.clone(), out.metrics
+    return torch.cat([g.reshape(-1) for g in grad]), out.metrics
 
 
 def _budgets(rollouts: Rollouts) -> dict[str, int]:
@@ -159,7 +159,7 @@ def test_a_critic_that_trains_the_trunk_gets_its_hidden_state_gradient_through_t
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3), dtype=p.dtype))
         assert learner.step(*batch).skipped == 0
         assert learner.prev_grad is not None
-        return learner.prev_grad.clone()
+        return torch.cat([g.reshape(-1) for g in learner.prev_grad])
 
     full, detached = grad(True), grad(False)
     assert float((full - detached).norm() / full.norm()) > 0.1  # the trunk term is there

@@ -14,14 +14,48 @@ from steadyrl.methods.spec import GAC, EssStepSize, MethodSpec
 SKIP_STEP = "control/skip_step"
 
 
-def flat_grad(params: Sequence[Tensor]) -> Tensor:
-    """All gradients as one float32 vector (zeros for a parameter without a gradient)."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+def grad_parts(params: Sequence[Tensor]) -> list[Tensor]:
+    """The gradient as its parts, one per parameter (``.grad`` itself, not a copy; zeros where a parameter has none).
+
+    GAC and the learner's ``grad/cos_prev`` read the gradient this way: no flat copy of the whole model is built.
+    """
+    return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+def parts_like(prev: Tensor | Sequence[Tensor] | None, params: Sequence[Tensor]) -> list[Tensor] | None:
+    """A kept previous gradient as one tensor per parameter of ``params``: a flat vector (a checkpoint written
+    before gradients were kept per parameter) is split and reshaped; per-parameter tensors are returned as they are."""
+    if prev is None:
+        return None
+    parts = [prev] if isinstance(prev, Tensor) else list(prev)
+    shapes = [p.shape for p in params]
+    if [t.shape for t in parts] == shapes:
+        return parts
+    flat = torch.cat([t.reshape(-1) for t in parts])
+    if flat.numel() != sum(p.numel() for p in params):
+        raise ValueError(
+            f"the kept previous gradient has {flat.numel()} elements, the model {sum(p.numel() for p in params)}: "
+            "the checkpoint belongs to another model"
+        )
+    return [t.view(shape) for t, shape in zip(flat.split([p.numel() for p in params]), shapes, strict=True)]
 
 
 @runtime_checkable
 class Controller(Protocol):
-    """A step-level hook around ``optimizer.step()``."""
+    """A step-level hook around ``optimizer.step()``.
+
+    ``reads``: the ``compute_loss`` metrics its ``before_step`` needs (an adapter keeps only those per micro-batch).
+    ``keeps_raw_prev``: whether it keeps the previous raw gradient anyway (as ``prev_grad``, per parameter): the
+    learner then reads ``grad/cos_prev`` from that copy instead of keeping a second one.
+    """
+
+    reads: tuple[str, ...]
+    keeps_raw_prev: bool
+
+    @property
+    def prev_grad(self) -> list[Tensor] | None:
+        """The previous step's raw gradient, one tensor per parameter, if this controller keeps it (else None)."""
+        ...
 
     def before_step(
         self, *, optimizer: torch.optim.Optimizer, params: Sequence[Tensor], metrics: Mapping[str, Tensor]

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from steadyrl.base.device import host_values
 from steadyrl.core.ess import vcpo_lr_scale
 from steadyrl.methods.spec import EssStepSize
 
@@ -22,6 +23,10 @@ ESS_METRIC = "vcpo/ess_ratio"
 
 class EssStepSizeController:
     """Scale every param group's lr by f(min(1, ρ_ess/ρ_base)) for one step, then restore it."""
+
+    reads: tuple[str, ...] = (ESS_METRIC,)
+    keeps_raw_prev = False
+    prev_grad = None
 
     def __init__(self, spec: EssStepSize) -> None:
         self.spec = spec
@@ -35,7 +40,7 @@ class EssStepSizeController:
         scale = vcpo_lr_scale(ess_ratio=metrics[ESS_METRIC].detach(), rho_base=self.spec.rho_base, fn=self.spec.fn)
         self._saved = [group["lr"] for group in optimizer.param_groups]
         # One host read per optimizer step: optimizers take a Python float lr (a tensor lr needs capturable=True).
-        factor = float(scale)
+        (factor,) = host_values([scale])
         for group in optimizer.param_groups:
             group["lr"] = group["lr"] * factor
         return {"vcpo/ess_scale": scale.detach()}

@@ -10,25 +10,22 @@ token advantages, a response mask, optionally the behavior policy μ, and the no
 2. **The step normalizers** (:func:`step_share`): ``steadyrl.compute_loss`` aggregates one micro-batch with the
    method's ``agg``; the adapter multiplies it by the micro-batch's share of the optimizer step, as the frameworks'
    own ``agg_loss`` / ``aggregate_loss`` do, so the accumulated gradient is the step's mean.
-3. **Step-level controllers** (:class:`StepControl`): VCPO's ESS step size and GAC wrap the optimizer's ``step``;
-   the loss records each micro-batch's ``vcpo/ess_ratio`` for them.
+3. **Step-level controllers**: VCPO's ESS step size and GAC wrap the optimizer's ``step``
+   (:class:`steadyrl.integrations.step_control.StepControl`, shared by every adapter); the loss records each
+   micro-batch's ``vcpo/ess_ratio`` for them.
 
 Confidence: [exact] as a mapping (tests compare with ``steadyrl.compute_loss`` on the same tensors).
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from steadyrl.control.base import SKIP_STEP, Controller, build_controllers
-from steadyrl.control.ess_lr import ESS_METRIC
 from steadyrl.methods import KEY_DOCS, MethodSpec, reads_behavior, required_inputs, resolve_method
-from steadyrl.methods import spec as S
 
 #: Advantage types the framework's own advantages stand in for (the estimator runs before the loss, outside it).
 REPLACEABLE_ADVANTAGES = ("grpo", "given")
@@ -103,94 +100,3 @@ def step_share(
         return None
     total_t = torch.as_tensor(total, dtype=torch.float64, device=mask.device)
     return (local.to(torch.float64) / total_t * dp_size).to(torch.float32)
-
-
-def host_metrics(metrics: Mapping[str, Tensor], prefix: str) -> dict[str, float]:
-    """``metrics`` as Python floats under ``prefix`` (one host read for all of them)."""
-    if not metrics:
-        return {}
-    values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()]).tolist()
-    return {prefix + k: float(v) for k, v in zip(metrics, values, strict=True)}
-
-
-class StepControl:
-    """A method's step-level controllers (VCPO's ESS step size, GAC) around a torch optimizer's ``step``.
-
-    The policy loss calls :meth:`record` on every training micro-batch; :meth:`wrap` makes ``optimizer.step``
-    average those metrics over the step's micro-batches (and over data-parallel ranks), run every controller's
-    ``before_step`` (after the framework has clipped the gradient), skip the step when GAC asks for it (the
-    gradient is dropped so neither weights nor Adam moments move), step, and restore the learning rate.
-    """
-
-    def __init__(self, spec: MethodSpec, *, framework: str) -> None:
-        self.spec = spec
-        self.framework = framework
-        self.controllers: list[Controller] = build_controllers(spec)
-        self.pending: list[dict[str, Tensor]] = []
-        self.last: dict[str, float] = {}
-        self.wrapped = False
-        self._warned = False
-
-    def record(self, metrics: Mapping[str, Tensor]) -> None:
-        """Keep what the controllers read from one training micro-batch's ``compute_loss`` metrics."""
-        if not self.controllers:
-            return
-        if not self.wrapped and not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"method {self.spec.name!r} has step-level controllers "
-                f"({', '.join(c.type for c in self.spec.controllers)}) that act only once the optimizer is wrapped: "
-                f"call steadyrl.integrations.{self.framework}.wrap_optimizer(optimizer, ...) in the training process",
-                stacklevel=3,
-            )
-        self.pending.append({k: v.detach() for k, v in metrics.items() if k == ESS_METRIC})
-
-    def wrap(self, optimizer: Any, params: Iterable[Tensor] | None = None) -> Any:
-        """Make ``optimizer.step`` run the controllers; ``params`` default to the optimizer's own parameters."""
-        if getattr(optimizer, "_steadyrl_wrapped", False):
-            raise ValueError("this optimizer is already wrapped by a steadyrl step control")
-        if any(isinstance(c, S.GAC) for c in self.spec.controllers) and _world_size() > 1:
-            raise ValueError(
-                "GAC reads the flat local gradient; with data-parallel or sharded training each rank holds a part of "
-                "it and ranks could disagree about skipping: use GAC with one process only"
-            )
-        plist = [p for g in optimizer.param_groups for p in g["params"]] if params is None else list(params)
-        original = optimizer.step
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            control = self._before(optimizer, plist)
-            try:
-                if bool(control.get(SKIP_STEP, torch.tensor(0.0)) != 0):
-                    optimizer.zero_grad(set_to_none=True)
-                    return None
-                return original(*args, **kwargs)
-            finally:
-                for c in self.controllers:
-                    c.after_step(optimizer=optimizer)
-
-        optimizer.step = step
-        optimizer._steadyrl_wrapped = True
-        self.wrapped = True
-        return optimizer
-
-    def _before(self, optimizer: Any, params: list[Tensor]) -> dict[str, Tensor]:
-        steps, self.pending = self.pending, []
-        metrics: dict[str, Tensor] = {}
-        if steps and all(ESS_METRIC in m for m in steps):
-            ess = torch.stack([m[ESS_METRIC] for m in steps]).mean()
-            if _world_size() > 1:  # one learning rate for every replica
-                ess = ess.clone()
-                torch.distributed.all_reduce(ess, op=torch.distributed.ReduceOp.SUM)
-                ess = ess / _world_size()
-            metrics[ESS_METRIC] = ess
-        control: dict[str, Tensor] = {}
-        for c in self.controllers:
-            control |= c.before_step(optimizer=optimizer, params=params, metrics=metrics)
-        control["lr"] = torch.tensor(float(optimizer.param_groups[0]["lr"]))
-        self.last = host_metrics(control, "steadyrl/")
-        return control
-
-
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -30,7 +30,8 @@ packing, the optimizer, is AReaL's):
    Tokens a correction removes leave steadyrl's denominator but not AReaL's weight: with several micro-batches a
    masking correction's batch loss differs by that reweighting; batch-coupled corrections (M2PO's budget) see one
    micro-batch.
-4. **Step-level controllers** (VCPO's ESS step size, GAC): :class:`StepControl` wraps the engine's
+4. **Step-level controllers** (VCPO's ESS step size, GAC):
+   :class:`~steadyrl.integrations.step_control.StepControl` wraps the engine's
    ``optimizer.step`` (AReaL calls it inside ``engine.optimizer_step``, after its gradient clipping): before the
    step it runs the controllers with the metrics the loss recorded since the last step (the ESS ratio: their mean,
    averaged across processes), skips the step when one asks (weights and AdamW moments untouched), then restores.
@@ -46,16 +47,14 @@ update), KL in the reward (AReaL's ``kl_ctl`` does it). Confidence: [exact] as a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from steadyrl.control.base import SKIP_STEP, Controller, build_controllers
-from steadyrl.control.ess_lr import ESS_METRIC
 from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
+from steadyrl.integrations.step_control import StepControl
 from steadyrl.methods import MethodSpec, compute_loss, reads_behavior, required_inputs, resolve_method
 
 #: The AReaL release this adapter was written and tested against.
@@ -184,7 +183,9 @@ class LossFn:
         self.method: MethodSpec = spec
         self.hosted: MethodSpec = _hosted_spec(spec)
         self.needs: tuple[str, ...] = required_inputs(self.hosted)
-        self.step_control: StepControl | None = StepControl(spec) if spec.controllers else None
+        self.step_control: StepControl | None = None
+        if spec.controllers:
+            self.step_control = StepControl(spec, framework="areal", wrap_hint="steadyrl.integrations.areal.PPOActor")
         self.learner_version: int | None = None  # set by PPOActor to the engine's version before an update
 
     # ------------------------------------------------------------------------------------------------ layout
@@ -264,62 +265,6 @@ class LossFn:
         return f"steadyrl.integrations.areal.LossFn({self.method.name!r})"
 
 
-class StepControl:
-    """A method's step-level controllers around an optimizer's ``step`` (module docstring, point 4).
-
-    ``record(metrics)`` after each loss; ``attach(optimizer, params)`` once. Each ``optimizer.step()`` then runs
-    every controller's ``before_step`` with the recorded metrics (averaged over the micro-batches, and the ESS ratio
-    over processes), skips the step on :data:`~steadyrl.control.base.SKIP_STEP`, and calls ``after_step``.
-    """
-
-    def __init__(self, spec: MethodSpec) -> None:
-        self.controllers: list[Controller] = build_controllers(spec)
-        self.pending: list[dict[str, Tensor]] = []
-        self.last: dict[str, float] = {}  # the controllers' metrics of the last step (floats)
-
-    def record(self, metrics: Mapping[str, Tensor]) -> None:
-        self.pending.append(dict(metrics))
-
-    def attach(self, optimizer: torch.optim.Optimizer, params: Callable[[], Iterable[Tensor]]) -> None:
-        """Wrap ``optimizer.step`` (idempotent); ``params()`` gives the trainable parameters of this process."""
-        if getattr(optimizer, "_steadyrl_wrapped", False):
-            return
-        original = optimizer.step
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            skip = self.before_step(optimizer, list(params()))
-            try:
-                if skip:  # leave weights and AdamW moments untouched
-                    optimizer.zero_grad(set_to_none=True)
-                    return None
-                return original(*args, **kwargs)
-            finally:
-                for c in self.controllers:
-                    c.after_step(optimizer=optimizer)
-
-        optimizer.step = step  # type: ignore[method-assign]
-        optimizer._steadyrl_wrapped = True  # type: ignore[attr-defined]
-
-    def before_step(self, optimizer: torch.optim.Optimizer, params: list[Tensor]) -> bool:
-        """Run the controllers on the recorded metrics; return whether to skip the step."""
-        steps, self.pending = self.pending, []
-        keys = set.intersection(*(set(m) for m in steps)) if steps else set()
-        metrics = {k: torch.stack([m[k] for m in steps]).mean() for k in sorted(keys)}
-        if ESS_METRIC in metrics and dist.is_available() and dist.is_initialized():
-            ess = metrics[ESS_METRIC].clone()
-            dist.all_reduce(ess)  # one lr for every replica
-            metrics[ESS_METRIC] = ess / dist.get_world_size()
-        control: dict[str, Tensor] = {}
-        for c in self.controllers:
-            control |= c.before_step(optimizer=optimizer, params=params, metrics=metrics)
-        skip = bool(control.get(SKIP_STEP, torch.tensor(0.0)) != 0)
-        control["lr"] = torch.tensor(float(optimizer.param_groups[0]["lr"]))
-        keys_c = list(control)
-        values = torch.stack([control[k].detach().float().reshape(()) for k in keys_c]).tolist()
-        self.last = {METRIC_PREFIX + k: v for k, v in zip(keys_c, values, strict=True)}
-        return skip
-
-
 class PPOActor(_ArealPPOActor):
     """AReaL's ``PPOActor`` whose update runs a steadyrl method (module docstring); everything else is AReaL's.
 
@@ -340,9 +285,10 @@ class PPOActor(_ArealPPOActor):
         self.engine.train()  # gradient checkpointing needs train mode
         loss = self.steadyrl_loss
         loss.learner_version = int(self.engine.get_version())
-        if loss.step_control is not None:
+        optimizer = self.engine.optimizer
+        if loss.step_control is not None and not getattr(optimizer, "_steadyrl_wrapped", False):
             model = self.engine.model
-            loss.step_control.attach(self.engine.optimizer, lambda: (p for p in model.parameters() if p.requires_grad))
+            loss.step_control.wrap(optimizer, lambda: [p for p in model.parameters() if p.requires_grad])
         mbs = split_padded_tensor_dict_into_mb_list(data, mb_spec=MicroBatchSpec(n_mbs=self.config.ppo_n_minibatches))
         with stats_tracker.scope("update"):
             for mb in mbs.mbs:

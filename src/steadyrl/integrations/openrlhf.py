@@ -49,13 +49,12 @@ from torch import Tensor
 
 from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
 from steadyrl.integrations._token_loss import (
-    StepControl,
-    host_metrics,
     needs_behavior,
     step_share,
     token_loss_spec,
     unhosted_reason,
 )
+from steadyrl.integrations.step_control import StepControl, host_metrics
 from steadyrl.methods import MethodSpec, compute_loss, resolve_method
 
 #: The OpenRLHF release this adapter was written and tested against.
@@ -135,7 +134,8 @@ class PolicyLoss(torch.nn.Module):
         return loss, clip_ratio, ppo_kl, vllm_kl, metrics["loss/masked_frac"]
 
     def wrap_optimizer(self, optimizer: Any, params: Iterable[Tensor] | None = None) -> Any:
-        """Run the method's step-level controllers around ``optimizer.step`` (see ``_token_loss.StepControl``)."""
+        """Run the method's step-level controllers around ``optimizer.step``
+        (:class:`steadyrl.integrations.step_control.StepControl`)."""
         return self.steadyrl_control.wrap(optimizer, params)
 
 

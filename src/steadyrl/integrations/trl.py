@@ -55,8 +55,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from steadyrl.control.base import SKIP_STEP, Controller, build_controllers
 from steadyrl.integrations._framework import missing_framework, warn_if_untested
+from steadyrl.integrations.step_control import StepControl
 from steadyrl.methods import MethodSpec, compute_loss, required_inputs, resolve_method
 from steadyrl.rollout.rollouts import TokenBatch
 from steadyrl.train.grad_norms import GRAD_NORM_METHODS, GradNormMethod, per_trajectory_grad_sq_norms
@@ -125,10 +125,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
         self.steadyrl_advantages: str = advantages
         self.steadyrl_grad_norms: str = grad_norms
         self.steadyrl_needs: tuple[str, ...] = required_inputs(spec)
-        self.steadyrl_controllers: list[Controller] = build_controllers(spec)
-        self._steadyrl_step_metrics: list[dict[str, Tensor]] = []  # compute_loss metrics of this optimizer step
-        self._steadyrl_controlled = False  # the controllers' before_step already ran for this optimizer step
-        self._steadyrl_skip = False
+        self.steadyrl_control = StepControl(spec, framework="trl", wrap_hint="the optimizer TRL creates")
         self._steadyrl_rewards_per_func: Tensor | None = None
         super().__init__(*args, **kwargs)
         self._check_config()
@@ -140,6 +137,14 @@ class GRPOTrainer(_TRLGRPOTrainer):
         for key, reason in _NOT_HOSTED.items():
             if key in self.steadyrl_needs:
                 raise ValueError(f"method {name!r} needs {key!r}, which the TRL adapter cannot provide: {reason}")
+        sharded = sharding_reason(self)
+        if "grad_sq_norms" in self.steadyrl_needs and sharded is not None:
+            raise ValueError(
+                f"method {name!r} needs per-trajectory gradient norms, which the TRL adapter computes on the whole "
+                f"unwrapped model in each process; under {sharded} each process holds a shard of the weights, so "
+                "those norms would be wrong: run OPOB/VCPO with DDP or ZeRO-1/2 (the weights whole on every "
+                "process), or pick a method without per-trajectory norms (e.g. seq_tis+ess_lr)"
+            )
         if "ref_logp" in self.steadyrl_needs and a.beta == 0.0:
             raise ValueError(
                 f"method {name!r} needs reference log-probs: set GRPOConfig.beta to any nonzero value so TRL computes "
@@ -244,8 +249,8 @@ class GRPOTrainer(_TRLGRPOTrainer):
         loss, metrics = compute_loss(self.steadyrl_method, self.steadyrl_batch(model, inputs, logp))
         mode = "train" if self.model.training else "eval"
         self._log_steadyrl(metrics, mode)
-        if mode == "train" and self.steadyrl_controllers:
-            self._steadyrl_step_metrics.append(metrics)
+        if mode == "train":
+            self.steadyrl_control.record(metrics)
         normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # as TRL's "grpo" loss
         loss = loss / normalizer
         if self.aux_loss_enabled:
@@ -265,27 +270,16 @@ class GRPOTrainer(_TRLGRPOTrainer):
         return [p for p in self.accelerator.unwrap_model(self.model).parameters() if p.requires_grad]
 
     def _steadyrl_before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Run every controller's ``before_step`` once per optimizer step (gradient accumulated, before clipping)."""
-        if self._steadyrl_controlled or not self.steadyrl_controllers:
+        """Run every controller's ``before_step`` once per optimizer step (gradient accumulated, before clipping)
+        and log the step's control metrics (:mod:`steadyrl.integrations.step_control`)."""
+        control = self.steadyrl_control
+        if not control or control.prepared:
             return
-        self._steadyrl_controlled = True
-        steps, self._steadyrl_step_metrics = self._steadyrl_step_metrics, []
-        keys = set.intersection(*(set(m) for m in steps)) if steps else set()
-        metrics = {k: torch.stack([m[k] for m in steps]).mean() for k in sorted(keys)}
-        if "vcpo/ess_ratio" in metrics:  # one lr for all replicas
-            metrics["vcpo/ess_ratio"] = self.accelerator.reduce(metrics["vcpo/ess_ratio"], reduction="mean")
-        control: dict[str, Tensor] = {}
-        for c in self.steadyrl_controllers:
-            control |= c.before_step(optimizer=optimizer, params=self._trainable_params(), metrics=metrics)
-        self._steadyrl_skip = bool(control.get(SKIP_STEP, torch.tensor(0.0)) != 0)
-        control["lr"] = torch.tensor(float(optimizer.param_groups[0]["lr"]))  # this step's effective lr
-        self._log_steadyrl(control, "train")
-
-    def _steadyrl_after_step(self, optimizer: torch.optim.Optimizer) -> None:
-        for c in self.steadyrl_controllers:
-            c.after_step(optimizer=optimizer)
-        self._steadyrl_controlled = False
-        self._steadyrl_skip = False
+        if not getattr(optimizer, "_steadyrl_wrapped", False):  # an optimizer passed to the Trainer by the user
+            _wrap_step(self, optimizer)
+        control.prepare(optimizer, self._trainable_params())
+        for key, value in control.last.items():
+            self._metrics["train"][key].append(value)
 
     def _clip_grad_norm(self, model: torch.nn.Module) -> Any:
         self._steadyrl_before_step(self.optimizer)  # GAC edits the raw gradient, then TRL clips (as the learner)
@@ -293,7 +287,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
 
     def create_optimizer(self, *args: Any, **kwargs: Any) -> torch.optim.Optimizer:
         optimizer = super().create_optimizer(*args, **kwargs)
-        if self.steadyrl_controllers and not getattr(optimizer, "_steadyrl_wrapped", False):
+        if self.steadyrl_control and not getattr(optimizer, "_steadyrl_wrapped", False):
             _wrap_step(self, optimizer)
         return optimizer
 
@@ -306,21 +300,31 @@ _MULTIMODAL_KEYS = (
 
 
 def _wrap_step(trainer: GRPOTrainer, optimizer: torch.optim.Optimizer) -> None:
-    """Make ``optimizer.step`` run the controllers (if clipping did not already), skip on request, then restore."""
-    original = optimizer.step
+    """Make ``optimizer.step`` run the controllers (unless clipping already did), skip on request, then restore."""
+    control = trainer.steadyrl_control
+    control.wrap(optimizer, trainer._trainable_params)
+    wrapped = optimizer.step
 
     def step(*args: Any, **kwargs: Any) -> Any:
-        trainer._steadyrl_before_step(optimizer)
-        try:
-            if trainer._steadyrl_skip:  # leave weights and AdamW moments untouched
-                optimizer.zero_grad(set_to_none=True)
-                return None
-            return original(*args, **kwargs)
-        finally:
-            trainer._steadyrl_after_step(optimizer)
+        trainer._steadyrl_before_step(optimizer)  # logs the metrics when clipping did not run first
+        return wrapped(*args, **kwargs)
 
     optimizer.step = step  # type: ignore[method-assign]
-    optimizer._steadyrl_wrapped = True  # type: ignore[attr-defined]
+
+
+def sharding_reason(trainer: Any) -> str | None:
+    """``"FSDP"`` or ``"DeepSpeed ZeRO-3"`` when the trainer shards the weights across processes, else None.
+
+    Reads the attributes ``transformers.Trainer`` sets from its accelerator (``is_fsdp_enabled``,
+    ``is_deepspeed_enabled`` and the DeepSpeed plugin's ``zero_stage``).
+    """
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "FSDP"
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        plugin = getattr(getattr(trainer.accelerator, "state", None), "deepspeed_plugin", None)
+        if getattr(plugin, "zero_stage", None) == 3:
+            return "DeepSpeed ZeRO-3"
+    return None
 
 
 def group_filled_rewards(rewards_per_func: Tensor, reward_weights: Tensor, num_generations: int) -> Tensor:

@@ -55,13 +55,12 @@ from torch import Tensor
 from steadyrl.core.advantages import grpo
 from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
 from steadyrl.integrations._token_loss import (
-    StepControl,
-    host_metrics,
     needs_behavior,
     step_share,
     token_loss_spec,
     unhosted_reason,
 )
+from steadyrl.integrations.step_control import StepControl, host_metrics
 from steadyrl.methods import PRESETS, MethodSpec, compute_loss, resolve_method
 from steadyrl.methods import spec as S
 

@@ -40,6 +40,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from steadyrl.base.device import Placement, Precision
+from steadyrl.base.seeding import derive_seed, generator
 from steadyrl.rollout.multiturn import ToolUse, score_final
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
@@ -48,8 +50,6 @@ from steadyrl.rollout.vllm_engine import VLLMEngine, engine_from_config, engine_
 from steadyrl.runtime.order import problem_order
 from steadyrl.tasks import Problem, Task
 from steadyrl.tools import SandboxPool
-from steadyrl.train.device import Placement, Precision
-from steadyrl.train.seeding import derive_seed, generator
 
 if TYPE_CHECKING:
     from steadyrl.train.config import SamplingConfig, TrainConfig
@@ -321,7 +321,7 @@ class LagSampler:
         for the engine-vs-trainer mismatch (:func:`~steadyrl.rollout.vllm_engine.engine_mismatch`)."""
         self._engine_step: int | None = None
         self.sampler = copy.deepcopy(model).eval().requires_grad_(False)
-        # the learner's device and precision (steadyrl.train.device): the copy is on the model's device in its
+        # the learner's device and precision (steadyrl.base.device): the copy is on the model's device in its
         # dtype, and decodes under the same autocast, so μ is what this sampler's distribution actually was
         self.placement = Placement(device=next(self.sampler.parameters()).device, precision=precision)
         self.tokenizer = tokenizer

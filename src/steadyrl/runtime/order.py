@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from steadyrl.train.seeding import generator
+from steadyrl.base.seeding import generator
 
 
 def problem_indices(first: int, count: int, *, pool: int, seed: int) -> list[int]:

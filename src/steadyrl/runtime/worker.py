@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from steadyrl.base.seeding import derive_seed, generator
 from steadyrl.pool.records import GroupRecord
 from steadyrl.rollout.multiturn import ToolUse, score_final
 from steadyrl.rollout.sampler import generate
@@ -29,7 +30,6 @@ from steadyrl.runtime.order import problem_indices
 from steadyrl.runtime.weights import FlatLayout
 from steadyrl.tasks import build_task
 from steadyrl.tools import SandboxPool
-from steadyrl.train.seeding import derive_seed, generator
 
 if TYPE_CHECKING:
     from steadyrl.train.config import TrainConfig

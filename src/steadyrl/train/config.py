@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from steadyrl.base.device import DEVICE_PATTERN, Precision
 from steadyrl.methods.resolve import required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
 from steadyrl.models import DEFAULT_MODEL_NAME, ModelConfig
@@ -31,7 +32,6 @@ from steadyrl.rollout.multiturn import SharedCalls, ToolCallFormat, ToolRunner, 
 from steadyrl.tasks.config import ChainSumConfig, TaskConfig
 from steadyrl.tools.config import SandboxConfig
 from steadyrl.train.critic import CriticConfig
-from steadyrl.train.device import DEVICE_PATTERN, Precision
 from steadyrl.train.guard import GuardConfig
 
 #: Batch tensors the learner of ``steadyrl train`` can hand to ``compute_loss`` (see ``steadyrl.train.learner``).
@@ -354,7 +354,7 @@ class TrainConfig(_Section):
                         "| cuda | cuda:N.")
     precision: Precision = Field("fp32", description="fp32 | bf16-mixed (bf16 autocast forward, fp32 weights and "
                                  "AdamW) | bf16 (bf16 weights); the output layer and every log-prob are fp32 in all "
-                                 "three (steadyrl.train.device).")
+                                 "three (steadyrl.base.device).")
     lag: int = Field(16, ge=0, le=MAX_LAG, description="Policy lag k: step t's batch is sampled by the weights of "
                      "step max(0, t − k) (pipeline schedule; 0 = synchronous on-policy).")
     steps: int = Field(200, ge=1, le=MAX_STEPS, description="Learner steps (each: sample a batch, optimize on it).")

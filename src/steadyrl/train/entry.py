@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
+    from steadyrl.base.device import DeviceError
     from steadyrl.rollout.vllm_engine import VLLMUnavailableError
     from steadyrl.runtime.lag import SnapshotMemoryError
     from steadyrl.tasks import ChatTemplateError, DatasetError
     from steadyrl.tasks.types import MissingFileError
-    from steadyrl.train.device import DeviceError
     from steadyrl.train.loop import ContextLengthError, RunDirError
 
     if cfg.runtime.mode == "ray":  # before the model loads: a missing Ray is one line, not a traceback

@@ -508,7 +508,7 @@ def _per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Contributio
     module, N = call.module, g.shape[0]
     x = call.args[0] if call.args else next(iter(call.kwargs.values()), None)
     plain = type(module).forward is nn.Linear.forward or getattr(module, "computes_linear", False)
-    if isinstance(module, nn.Linear) and plain:  # (steadyrl.train.device's float32 output layer is the same map)
+    if isinstance(module, nn.Linear) and plain:  # (steadyrl.base.device's float32 output layer is the same map)
         a = _full(x.detach()).reshape(N, -1, module.in_features)  # a_{i,s}: [N, S, in]
         gg = _full(g).reshape(N, -1, module.out_features)  # g_{i,s}: [N, S, out]
         out: list[tuple[nn.Parameter, _Contribution]] = []

@@ -8,8 +8,9 @@ One learner step consumes one batch of rollouts (prompts_per_step × G responses
 2. ``loss, metrics = compute_loss(method, batch)`` with the batch keys the method needs (``required_inputs``);
 3. a non-finite loss skips the step (no backward); otherwise ``backward``;
 4. ``grad/norm`` = ‖g‖ of the raw gradient and ``grad/cos_prev`` = cos(g_t, g_{t−1}) (0 at the first step), for
-   every method; a non-finite norm skips the step. g_{t−1} is one flat float32 copy, shared with GAC when GAC keeps
-   the raw previous gradient (its default), so GAC costs no second copy;
+   every method; a non-finite norm skips the step. g_{t−1} is one copy of the gradient, per parameter (no flat copy
+   of the model), shared with GAC when GAC keeps the raw previous gradient (its default), so GAC costs no second
+   copy;
 5. each controller's ``before_step`` (GAC edits ``.grad``; the ESS step size scales this step's lr; either can ask to
    skip), then gradient clipping, a last finiteness check, ``optimizer.step()``, each ``after_step``.
 
@@ -25,7 +26,7 @@ Version = number of optimizer steps applied (skipped ones do not count); the lag
 Metrics of the optimizer steps of one learner step are aggregated: keys ending in ``max`` by max, ``min`` by min,
 ``time/*`` by sum, the rest by mean.
 
-Device and precision come from one :class:`~steadyrl.train.device.Placement` (batches are moved to its device, every
+Device and precision come from one :class:`~steadyrl.base.device.Placement` (batches are moved to its device, every
 forward runs under its autocast). With ``optim.microbatch_tokens`` an optimizer step whose batch exceeds the budget
 runs :mod:`steadyrl.train.microbatch`'s three passes instead of step 1's one forward: the loss still sees the whole
 batch, and the accumulated gradient is the one-pass gradient (metric ``train/microbatches``).
@@ -46,8 +47,8 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from steadyrl.control.base import SKIP_STEP, Controller, flat_grad
-from steadyrl.control.gac import GradientAlignmentController
+from steadyrl.base.device import Placement, to_device
+from steadyrl.control.base import SKIP_STEP, Controller, grad_parts, parts_like
 from steadyrl.core.gac import grad_cosine
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
@@ -56,7 +57,6 @@ from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.train.config import OptimConfig
 from steadyrl.train.critic import Critic, CriticConfig
-from steadyrl.train.device import Placement
 from steadyrl.train.grad_norms import GhostPass, GradNormMethod, per_trajectory_grad_sq_norms
 from steadyrl.train.microbatch import plan_microbatches, scatter_rows, take_rows
 
@@ -148,7 +148,7 @@ class Learner:
             raise ValueError(f"method {method.name!r} has a reference KL term: pass ref_model")
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.placement = placement or Placement(device=self.params[0].device)
-        """Device of every batch tensor and the autocast of every forward (steadyrl.train.device)."""
+        """Device of every batch tensor and the autocast of every forward (steadyrl.base.device)."""
         if optim.activation_checkpointing:
             enable_activation_checkpointing(model)
         self.optimizer = torch.optim.AdamW(
@@ -157,10 +157,9 @@ class Learner:
         )  # fmt: skip
         self.version = 0
         self._prox_version: int | None = None  # version at which this step's π_prox was recomputed (None: not)
-        self.prev_grad: Tensor | None = None
-        self._gac_raw = next(
-            (c for c in self.controllers if isinstance(c, GradientAlignmentController) and c.spec.prev == "raw"), None
-        )
+        self._prev_grad: list[Tensor] | None = None
+        # a controller that keeps the previous raw gradient anyway (GAC with prev="raw"): no second copy
+        self._prev_keeper = next((c for c in self.controllers if c.keeps_raw_prev), None)
         # COPC's value head and its AdamW: only when the method's advantage needs critic values
         self.critic: Critic | None = None
         if "values" in self.needs:
@@ -173,20 +172,28 @@ class Learner:
         return {
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
-            "prev_grad": self.prev_grad,
+            "prev_grad": self._prev_grad,
             "controllers": [c.state_dict() for c in self.controllers],
             "critic": None if self.critic is None else self.critic.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore :meth:`state_dict`, every tensor onto the learner's device (a checkpoint is read to the CPU, a
+        rollback snapshot is held there; the optimizer moves its own state to its parameters' devices)."""
+        device = self.placement.device
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
-        self.prev_grad = state["prev_grad"]
+        self._prev_grad = parts_like(to_device(state["prev_grad"], device), self.params)
         for controller, cstate in zip(self.controllers, state["controllers"], strict=True):
-            controller.load_state_dict(cstate)
+            controller.load_state_dict(to_device(cstate, device))
         if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
+            self.critic.load_state_dict(to_device(state["critic"], device))
+
+    @property
+    def prev_grad(self) -> list[Tensor] | None:
+        """g_{t−1}, the previous step's raw gradient, one tensor per parameter (None before the first step); the
+        copy a controller keeps (GAC's) when it keeps one."""
+        return self._prev_keeper.prev_grad if self._prev_keeper is not None else self._prev_grad
 
     # -------------------------------------------------------------------------------------------------- step
     def scheduled_lr(self) -> float:
@@ -470,19 +477,18 @@ class Learner:
             if self.critic is not None:
                 self.critic.zero_grad()
             return metrics, self._skip(f"loss is {loss_value}")
-        grad = flat_grad(self.params)
-        norm = float(torch.linalg.vector_norm(grad))  # ‖g‖ before controllers and clipping
+        grad = grad_parts(self.params)
+        norm = float(torch.nn.utils.get_total_norm(grad))  # ‖g‖ before controllers and clipping
         metrics["grad/norm"] = norm
         if not math.isfinite(norm):
             metrics["train/skipped"] = 1.0
             metrics["lr"] = lr
             return metrics, self._skip(f"gradient norm is {norm}")
-        # GAC keeps the previous raw gradient itself: share it instead of a second copy (one extra flat gradient).
-        shared = self._gac_raw.prev if self._gac_raw is not None else self.prev_grad
-        prev = shared if shared is not None else torch.zeros_like(grad)
-        metrics["grad/cos_prev"] = float(grad_cosine(a=grad, b=prev))  # cos(g_t, g_{t−1}); 0 at the first step
-        if self._gac_raw is None:
-            self.prev_grad = grad
+        prev = self.prev_grad  # before the controllers: GAC replaces its copy in before_step
+        # cos(g_t, g_{t−1}) per parameter (no flat copy); 0 at the first step
+        metrics["grad/cos_prev"] = float(grad_cosine(a=grad, b=prev)) if prev is not None else 0.0
+        if self._prev_keeper is None:
+            self._prev_grad = [g.detach().clone() for g in grad]
         reason = None
         try:
             control: dict[str, Tensor] = {}

@@ -38,6 +38,8 @@ import yaml
 from torch import nn
 from tqdm.auto import tqdm
 
+from steadyrl.base.device import Placement
+from steadyrl.base.seeding import deterministic_algorithms, generator
 from steadyrl.control import build_controllers
 from steadyrl.models import load_policy
 from steadyrl.rollout.scored import ScoredRollouts
@@ -47,14 +49,12 @@ from steadyrl.tools import SandboxPool
 from steadyrl.train import checkpoint as ckpt
 from steadyrl.train.config import TrainConfig
 from steadyrl.train.configio import flatten
-from steadyrl.train.device import Placement
 from steadyrl.train.evaluate import EvalResult, evaluate
 from steadyrl.train.guard import GUARD_FILE, CollapseGuard
 from steadyrl.train.learner import Learner
 from steadyrl.train.log_sinks import TRACKER_FILES, open_trackers, require_trackers
 from steadyrl.train.metrics import METRICS_FILE, TB_DIR, TIMINGS_FILE, MetricsOffsets, MetricsWriter, read_metrics
 from steadyrl.train.plot import PLOT_FILE, write_plot
-from steadyrl.train.seeding import deterministic_algorithms, generator
 
 CONFIG_FILE = "config.yaml"
 #: Files and directories a run writes in out_dir (what a fresh start replaces; nothing else there is touched).
@@ -306,7 +306,7 @@ class _Run:
         # after it; TrainConfig refuses task.chat with the default model).
         task = None if getattr(cfg.task, "chat", False) else build_task(cfg.task)
         policy = load_policy(cfg.model, task, seed=cfg.seed, progress=cfg.log.progress)
-        # device and precision, decided once (steadyrl.train.device): the learner, the reference, the critic and the
+        # device and precision, decided once (steadyrl.base.device): the learner, the reference, the critic and the
         # lag runtime's sampler (a copy of this model) all follow it
         self.placement = Placement.from_names(cfg.device, cfg.precision)
         self.model, self.tokenizer = self.placement.place(policy.model), policy.tokenizer

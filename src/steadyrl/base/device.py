@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +95,35 @@ class Placement:
     def generator(self, seed: int) -> torch.Generator:
         """A ``torch.Generator`` on :attr:`device` seeded with ``seed`` (sampling draws on the model's device)."""
         return torch.Generator(device=self.device).manual_seed(seed)
+
+
+def to_device(state: Any, device: torch.device | str) -> Any:
+    """``state`` with every tensor moved to ``device``, nested dicts, lists and tuples rebuilt (other values kept).
+
+    State read back from a checkpoint (loaded to the CPU) or from a CPU snapshot goes through this before it meets
+    the live tensors of a model on a GPU: a previous gradient left on the CPU would make the first step after a
+    resume or a rollback mix devices. A tensor already on ``device`` is returned as it is (no copy).
+    """
+    if isinstance(state, Tensor):
+        return state.to(device)
+    if isinstance(state, Mapping):
+        return {k: to_device(v, device) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(to_device(v, device) for v in state)
+    return state
+
+
+def host_values(values: Iterable[Tensor]) -> list[float]:
+    """Scalar tensors as Python floats in one device-to-host read (one sync however many there are).
+
+    The tensors are stacked on the device of the first one; each is moved there first, so scalars of a CPU
+    bookkeeping tensor and of a GPU metric can be read together.
+    """
+    items = [v.detach().reshape(()) for v in values]
+    if not items:
+        return []
+    device = items[0].device
+    return torch.stack([v.to(device=device, dtype=torch.float64) for v in items]).tolist()
 
 
 class Float32OutputLinear(nn.Linear):
