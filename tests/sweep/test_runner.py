@@ -20,11 +20,12 @@ from tests.sweep.conftest import fake_spec_run, plan
 
 #: A fake worker: writes ``steps`` learner-step lines and the final eval line into OUT_DIR, after SLEEP seconds.
 FAKE = textwrap.dedent("""
-    import json, sys, time
+    import json, os, sys, time
     from pathlib import Path
     out, steps, sleep, rc = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
     out.mkdir(parents=True, exist_ok=True)
     print("started", out.name, sys.argv[5:], flush=True)
+    print("gpu", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
     time.sleep(sleep)
     with open(out / "metrics.jsonl", "w") as f:
         for t in range(steps):
@@ -85,6 +86,23 @@ def test_execute_runs_the_jobs_in_parallel_and_reports_failures(tmp_path: Path) 
     log = (specs[1].out_dir / "train.log").read_text()
     assert log.startswith("started method=seq_tis,seed=0 ['fresh']")
     assert [j.action for j in plan_jobs(specs)] == ["skip", "skip", "fresh"]
+
+
+def test_parallel_runs_get_distinct_gpus(tmp_path: Path, monkeypatch) -> None:
+    """On a machine with two GPUs (device_count mocked), two parallel runs each see their own GPU as cuda:0
+    (CUDA_VISIBLE_DEVICES 0 and 1); without a GPU the environment is left alone."""
+    import torch
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    specs = plan(tmp_path / "two", grid={"method": ["grpo", "seq_tis"]})
+    execute(plan_jobs(specs), n_jobs=2, progress=False, command=_fake_command(0.5), say=lambda _: None, poll_s=0.05)
+    seen = sorted((s.out_dir / "train.log").read_text().splitlines()[1] for s in specs)
+    assert seen == ["gpu 0", "gpu 1"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    specs = plan(tmp_path / "none", grid={"method": ["grpo"]})
+    execute(plan_jobs(specs), n_jobs=2, progress=False, command=_fake_command(0.0), say=lambda _: None, poll_s=0.05)
+    assert (specs[0].out_dir / "train.log").read_text().splitlines()[1] == "gpu None"
 
 
 DRIVER = textwrap.dedent("""

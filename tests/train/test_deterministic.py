@@ -11,18 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from steadyrl.base.seeding import deterministic_algorithms
+from steadyrl.base.device import Placement
 
 NOT_TIMED = ("time/", "_s", "per_s", "tokens_per")
 
 
 def test_the_setting_holds_inside_and_is_restored_after() -> None:
     before = torch.are_deterministic_algorithms_enabled()
-    with deterministic_algorithms(True):
+    cpu = Placement(torch.device("cpu"))
+    with cpu.runtime(deterministic=True):
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.is_deterministic_algorithms_warn_only_enabled()
     assert torch.are_deterministic_algorithms_enabled() == before
-    with deterministic_algorithms(False):
+    with cpu.runtime(deterministic=False):
         assert not torch.are_deterministic_algorithms_enabled()
     assert torch.are_deterministic_algorithms_enabled() == before
 

@@ -149,3 +149,41 @@ def test_an_unavailable_gpu_is_one_line(tiny_overrides: list[str], tmp_path: Pat
         pytest.skip("a GPU is visible here")
     assert main([*tiny_overrides, "device=cuda", "steps=1", f"out_dir={tmp_path / 'gpu'}"]) == 2
     assert "no CUDA GPU is visible to PyTorch here; use device=cpu or auto" in capsys.readouterr().err
+
+
+def test_gpu_runtime_sets_its_device_the_cublas_workspace_and_full_fp32_matmuls(monkeypatch) -> None:
+    """A run on cuda:1 makes cuda:1 the current device, sets the cuBLAS workspace deterministic GEMMs need (when the
+    environment has none) and keeps float32 matmuls at full precision; everything is restored afterwards."""
+    import os
+
+    calls: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")  # as a user's TF32 setting
+    precisions: list[str] = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", precisions.append)
+    before = torch.are_deterministic_algorithms_enabled()
+    with Placement(torch.device("cuda:1")).runtime(deterministic=True):
+        assert calls == [torch.device("cuda:1")]
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert precisions == ["highest"] and torch.are_deterministic_algorithms_enabled()
+    assert precisions == ["highest", "high"] and torch.are_deterministic_algorithms_enabled() == before
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # a user's own setting is kept
+    with Placement(torch.device("cuda:0")).runtime(deterministic=True):
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
+def test_gpu_slots_spread_children_and_share_with_a_warning(monkeypatch) -> None:
+    from steadyrl.base.device import GpuSlots
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # the parent's own GPUs: children get those ids
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    slots = GpuSlots()
+    assert [slots.acquire(), slots.acquire()] == ["3", "5"]
+    with pytest.warns(UserWarning, match="more parallel runs than GPUs"):
+        assert slots.acquire() == "3"
+    slots.release("5")
+    assert slots.acquire() == "5"
+    assert GpuSlots.env({"A": "1"}, "5") == {"A": "1", "CUDA_VISIBLE_DEVICES": "5"}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert GpuSlots().acquire() is None

@@ -25,8 +25,10 @@ forward, both in bf16) is logged as ``mismatch/*`` exactly as for vLLM
 from __future__ import annotations
 
 import contextlib
+import os
 import re
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,6 +41,8 @@ Precision = Literal["fp32", "bf16-mixed", "bf16"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16-mixed", "bf16")
 #: ``device`` values: auto, cpu, cuda, cuda:N.
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+#: cuBLAS workspace for deterministic GEMMs (NVIDIA's documented setting; the other is ``:16:8``).
+CUBLAS_WORKSPACE = ":4096:8"
 
 
 class DeviceError(ValueError):
@@ -92,9 +96,35 @@ class Placement:
         fp32_output_layer(model)
         return model
 
-    def generator(self, seed: int) -> torch.Generator:
-        """A ``torch.Generator`` on :attr:`device` seeded with ``seed`` (sampling draws on the model's device)."""
-        return torch.Generator(device=self.device).manual_seed(seed)
+    @contextlib.contextmanager
+    def runtime(self, *, deterministic: bool) -> Iterator[None]:
+        """The process-wide torch settings of a run on :attr:`device`, restored afterwards.
+
+        - ``torch.cuda.set_device`` to the run's GPU (kernels, caches and new tensors without a device go there, not
+          to ``cuda:0``);
+        - float32 matmuls at full precision (``torch.set_float32_matmul_precision("highest")``, so no TF32): the
+          output layer and every log-prob that enters an importance ratio are float32 by design, and TF32's 10-bit
+          mantissa would put ~1e-3 relative error into the logits; under ``bf16-mixed`` and ``bf16`` the trunk's
+          matmuls run in bfloat16 anyway;
+        - ``deterministic``: ``torch.use_deterministic_algorithms(True, warn_only=True)`` (why: the CPU's
+          ``index_put_`` with accumulate adds in thread order otherwise), and on a GPU the cuBLAS workspace that
+          deterministic cuBLAS needs (``CUBLAS_WORKSPACE_CONFIG=:4096:8``, set when the environment has none, before
+          the run's first cuBLAS call).
+        """
+        before_det = torch.are_deterministic_algorithms_enabled()
+        before_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+        before_matmul = torch.get_float32_matmul_precision()
+        if self.device.type == "cuda":
+            if deterministic and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+                os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+            torch.cuda.set_device(self.device)
+        torch.set_float32_matmul_precision("highest")
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(before_det, warn_only=before_warn)
+            torch.set_float32_matmul_precision(before_matmul)
 
 
 def to_device(state: Any, device: torch.device | str) -> Any:
@@ -149,3 +179,54 @@ def fp32_output_layer(model: nn.Module) -> None:
     head = get() if callable(get) else None
     if head is not None and type(head) is nn.Linear:
         head.__class__ = Float32OutputLinear
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may hand to its children, as ``CUDA_VISIBLE_DEVICES`` entries: the entries of its own
+    ``CUDA_VISIBLE_DEVICES`` when set (ids or UUIDs), else ``0 … torch.cuda.device_count() − 1``."""
+    count = torch.cuda.device_count()
+    if count == 0:
+        return []
+    own = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if own is not None and own.strip():
+        return [e.strip() for e in own.split(",") if e.strip()][:count]
+    return [str(i) for i in range(count)]
+
+
+class GpuSlots:
+    """Spread child processes over the visible GPUs: each gets the least-used GPU as its only visible one.
+
+    A child sees its GPU as ``cuda:0`` (``CUDA_VISIBLE_DEVICES`` = that GPU), so ``device=auto`` or ``cuda`` lands on
+    it; with more children than GPUs they share round-robin (a warning says so once). No GPU: :meth:`acquire`
+    returns None and children inherit the environment unchanged.
+    """
+
+    def __init__(self, gpus: list[str] | None = None) -> None:
+        self.gpus = visible_gpus() if gpus is None else list(gpus)
+        self.users: dict[str, int] = dict.fromkeys(self.gpus, 0)
+        self._warned = False
+
+    def acquire(self) -> str | None:
+        """The GPU for the next child (``CUDA_VISIBLE_DEVICES`` value), or None when there is none."""
+        if not self.gpus:
+            return None
+        gpu = min(self.gpus, key=lambda g: self.users[g])  # the first least-used one: 0, 1, ..., then round-robin
+        if self.users[gpu] and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"more parallel runs than GPUs ({len(self.gpus)}): runs share GPUs; lower the sweep's jobs to give "
+                "each its own",
+                stacklevel=2,
+            )
+        self.users[gpu] += 1
+        return gpu
+
+    def release(self, gpu: str | None) -> None:
+        """The child on ``gpu`` ended."""
+        if gpu is not None:
+            self.users[gpu] -= 1
+
+    @staticmethod
+    def env(base: Mapping[str, str], gpu: str | None) -> dict[str, str]:
+        """``base`` with ``CUDA_VISIBLE_DEVICES`` = ``gpu`` (unchanged when ``gpu`` is None)."""
+        return dict(base) if gpu is None else {**base, "CUDA_VISIBLE_DEVICES": gpu}

@@ -14,7 +14,9 @@ differing keys: the sweep never silently mixes two experiments.
 ``OMP_NUM_THREADS`` = ``threads``), output to ``<run>/train.log``. The warm starts the runs need
 (:mod:`steadyrl.sweep.warmstarts`) come first, one worker per distinct cache entry; a run starts once its warm start
 is built (a failed warm start fails its runs without starting them). The workers keep at most ``jobs × threads``
-torch threads busy (a warm start counts its own ``model.warm_start.threads``; one worker always runs). The progress
+torch threads busy (a warm start counts its own ``model.warm_start.threads``; one worker always runs). On a machine
+with GPUs each worker gets the least-used one as its only visible GPU (``CUDA_VISIBLE_DEVICES``,
+:class:`steadyrl.base.device.GpuSlots`): parallel runs land on distinct GPUs while there are enough. The progress
 bar counts learner steps of all runs to do (its ETA) and shows the running warm starts (step, sampled accuracy and
 its target) and runs done / running / left. The workers run in their own sessions, so a terminal's Ctrl-C
 reaches only the sweep, which then sends each worker one SIGINT (``steadyrl train`` stops after its current step and
@@ -39,6 +41,7 @@ from typing import IO, Any, Literal
 
 from tqdm.auto import tqdm
 
+from steadyrl.base.device import GpuSlots
 from steadyrl.sweep.config import RunSpec, SweepError, config_differences, config_hash
 from steadyrl.sweep.results import is_train_record, run_status
 from steadyrl.sweep.warmstarts import WarmStartJob, describe, finished_message, warm_start_command
@@ -178,6 +181,8 @@ class _Worker:
     """The run it does, or None for a warm start."""
     warm: WarmStartJob | None = None
     lines0: int = 0
+    gpu: str | None = None
+    """The GPU it was given (its ``CUDA_VISIBLE_DEVICES``), or None on a machine without one."""
 
 
 def _stop_workers(workers: Sequence[_Worker], grace_s: float, say: Callable[[str], None]) -> None:
@@ -236,6 +241,7 @@ def execute(
     pending_warm, pending = list(warm_starts), list(todo)
     running: list[_Worker] = []
     finished_steps = 0
+    gpus = GpuSlots()
 
     def fits(cost: int) -> bool:
         return not running or sum(w.threads for w in running) + cost <= capacity
@@ -243,8 +249,10 @@ def execute(
     def launch(cmd: list[str], log_path: Path, *, append: bool, cost: int) -> _Worker:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "ab" if append else "wb")  # noqa: SIM115
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        worker = _Worker(proc, log, time.monotonic(), cost)
+        gpu = gpus.acquire()  # parallel runs on distinct GPUs where there are enough
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=GpuSlots.env(env, gpu),
+                                start_new_session=True)  # fmt: skip
+        worker = _Worker(proc, log, time.monotonic(), cost, gpu=gpu)
         running.append(worker)
         return worker
 
@@ -274,6 +282,7 @@ def execute(
                     worker.job, worker.lines0 = job, _count_lines(run_dir / METRICS_FILE)
                 for w in [w for w in running if w.proc.poll() is not None]:
                     running.remove(w)
+                    gpus.release(w.gpu)
                     w.log.close()
                     rc, took = int(w.proc.returncode), time.monotonic() - w.started
                     if w.warm is not None:

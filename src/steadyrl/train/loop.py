@@ -39,7 +39,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from steadyrl.base.device import Placement
-from steadyrl.base.seeding import deterministic_algorithms, generator
+from steadyrl.base.seeding import generator
 from steadyrl.control import build_controllers
 from steadyrl.models import load_policy
 from steadyrl.rollout.scored import ScoredRollouts
@@ -300,15 +300,13 @@ def check_context_length(cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, 
 class _Run:
     """The state of one run (built once, then stepped)."""
 
-    def __init__(self, cfg: TrainConfig, make_source: SourceFactory) -> None:
+    def __init__(self, cfg: TrainConfig, make_source: SourceFactory, placement: Placement) -> None:
         self.cfg = cfg
         # The default model is warm-started on the task (built first); chat prompts need the policy's tokenizer (built
         # after it; TrainConfig refuses task.chat with the default model).
         task = None if getattr(cfg.task, "chat", False) else build_task(cfg.task)
         policy = load_policy(cfg.model, task, seed=cfg.seed, progress=cfg.log.progress)
-        # device and precision, decided once (steadyrl.base.device): the learner, the reference, the critic and the
-        # lag runtime's sampler (a copy of this model) all follow it
-        self.placement = Placement.from_names(cfg.device, cfg.precision)
+        self.placement = placement
         self.model, self.tokenizer = self.placement.place(policy.model), policy.tokenizer
         self.task: Task = task if task is not None else build_task(cfg.task, tokenizer=self.tokenizer)
         self.method = cfg.method.resolve()
@@ -431,18 +429,23 @@ def _postfix(record: Mapping[str, Any], last_acc: float | None) -> dict[str, str
 
 def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None = None) -> RunResult:
     """Run (or resume) the training job ``cfg`` describes; see the module docstring for the order of events."""
-    with deterministic_algorithms(cfg.runtime.deterministic):
-        return _train(cfg, make_source=make_source, stop=stop)
+    # device and precision, decided once (steadyrl.base.device): the learner, the reference, the critic and the lag
+    # runtime's sampler (a copy of the model) all follow it; its runtime settings hold for the whole run
+    placement = Placement.from_names(cfg.device, cfg.precision)
+    with placement.runtime(deterministic=cfg.runtime.deterministic):
+        return _train(cfg, make_source=make_source, stop=stop, placement=placement)
 
 
-def _train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None) -> RunResult:
+def _train(
+    cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None, placement: Placement
+) -> RunResult:
     if cfg.runtime.threads > 0:
         torch.set_num_threads(cfg.runtime.threads)
     wall0 = time.perf_counter()
     out_dir = Path(cfg.out_dir)
     require_trackers(wandb=cfg.log.wandb, mlflow=cfg.log.mlflow)  # a missing package fails before anything is done
     loaded = _prepare_out_dir(cfg)
-    run = _Run(cfg, make_source)
+    run = _Run(cfg, make_source, placement)
     _write_config(cfg)
     start, offsets = 0, None
     if loaded is not None:
