@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from steadyrl.base.device import DeviceError, Float32OutputLinear, Placement, resolve_device
+from steadyrl.base.seeding import generator
 from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
@@ -62,7 +63,7 @@ def test_placed_models_compute_fp32_logits_and_log_probs(precision: str) -> None
     tok = build_char_tokenizer()
     with torch.no_grad(), placement.autocast():
         rollouts = generate(model, tok, PROMPTS, group_size=2, max_new_tokens=5,
-                            generator=placement.generator(0), version=0)  # fmt: skip
+                            generator=generator(0, device=placement.device), version=0)  # fmt: skip
         logp = sequence_logprobs(model, rollouts).logp
     for h in hooks:
         h.remove()
@@ -89,7 +90,7 @@ def test_the_learner_sees_fp32_log_probs_under_bf16_mixed(method: str, monkeypat
     tok = build_char_tokenizer()
     with torch.no_grad(), placement.autocast():
         rollouts = generate(model, tok, PROMPTS, group_size=4, max_new_tokens=5,
-                            generator=placement.generator(0), version=0)  # fmt: skip
+                            generator=generator(0, device=placement.device), version=0)  # fmt: skip
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0] * len(PROMPTS))
     seen: list[dict[str, torch.dtype]] = []
     real = learner_module.compute_loss

@@ -25,12 +25,13 @@ forward, both in bf16) is logged as ``mismatch/*`` exactly as for vLLM
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,50 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+#: Share of the free GPU memory (after the model and room for its gradient and AdamW moments) the lag runtime may
+#: fill with weight snapshots before it keeps the rest in pinned CPU memory.
+SNAPSHOT_GPU_FRACTION = 0.25
+
+
+class SnapshotHomes(NamedTuple):
+    """Where weight snapshots live (:meth:`Placement.snapshot_homes`)."""
+
+    device_slots: int
+    """How many snapshots stay on the model's device."""
+    pinned: bool
+    """Whether the CPU-held ones use pinned (page-locked) memory with non-blocking copies."""
+
+
+def copy_state(
+    state: Mapping[str, Tensor], *, device: torch.device, pinned: bool = False,
+    dtypes: Mapping[str, torch.dtype] | None = None,
+) -> dict[str, Tensor]:  # fmt: skip
+    """A detached copy of a state dict on ``device`` (each tensor in ``dtypes[name]`` when given; tensors that
+    share storage, such as tied embeddings, stay shared). ``pinned`` (CPU targets with a GPU source): page-locked
+    memory filled by a non-blocking copy, ordered on the current CUDA stream before any later kernel that writes
+    the source (so an optimizer step cannot race it); call :func:`wait_for_copies` before reading it on the host."""
+    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype], Tensor] = {}
+    out: dict[str, Tensor] = {}
+    for name, tensor in state.items():
+        dtype = tensor.dtype if dtypes is None else dtypes.get(name, tensor.dtype)
+        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), dtype)
+        if key not in copies:
+            src = tensor.detach()
+            if pinned and device.type == "cpu" and src.device.type == "cuda":
+                dst = torch.empty(src.shape, dtype=dtype, device="cpu", pin_memory=True)
+                copies[key] = dst.copy_(src, non_blocking=True)
+            else:
+                copies[key] = src.to(device=device, dtype=dtype, copy=True)
+        out[name] = copies[key]
+    return out
+
+
+def wait_for_copies(device: torch.device) -> None:
+    """Wait until the non-blocking copies queued on ``device`` (a GPU) are done; a no-op elsewhere."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
 @dataclass(frozen=True)
 class Placement:
     """A resolved device and precision; :meth:`place` moves a model there, :meth:`autocast` wraps its forwards."""
@@ -95,6 +140,38 @@ class Placement:
         model.to(device=self.device, dtype=self.param_dtype)
         fp32_output_layer(model)
         return model
+
+    def sampler_copy(self, model: nn.Module) -> nn.Module:
+        """A frozen eval-mode copy of ``model`` to sample from, on the same device.
+
+        Under ``bf16-mixed`` its linear layers (all but the float32 output layer) hold bfloat16 weights: autocast
+        would cast the float32 ones to bfloat16 at every decode step, with the same rounding, so the copy samples
+        bit for bit what a float32 copy under autocast samples, in half the memory and without the per-step casts.
+        Norms and embeddings keep their dtype (autocast does not cast them). Weights loaded into it later
+        (``load_state_dict``) are cast the same way.
+        """
+        sampler = copy.deepcopy(model).eval().requires_grad_(False)
+        if self.precision == "bf16-mixed":
+            for module in sampler.modules():
+                if type(module) is nn.Linear:
+                    module.to(torch.bfloat16)
+        return sampler
+
+    def snapshot_homes(self, *, copy_bytes: int, copies: int, budget_bytes: int | None = None) -> SnapshotHomes:
+        """Where the lag runtime's weight snapshots live: how many on the device, and whether CPU copies are pinned.
+
+        On a GPU: as many as fit ``budget_bytes`` (default :data:`SNAPSHOT_GPU_FRACTION` of the GPU memory free
+        now, after the model and the room its gradient and AdamW moments will take) stay there (a snapshot is then
+        a device-to-device copy); the others go to pinned CPU memory with non-blocking copies. On the CPU: every
+        snapshot in CPU memory (not pinned).
+        """
+        if self.device.type != "cuda":
+            return SnapshotHomes(device_slots=0, pinned=False)
+        if budget_bytes is None:
+            free, _total = torch.cuda.mem_get_info(self.device)
+            budget_bytes = int(SNAPSHOT_GPU_FRACTION * max(0, free - 3 * copy_bytes))
+        slots = min(copies, budget_bytes // copy_bytes) if copy_bytes else copies
+        return SnapshotHomes(device_slots=int(slots), pinned=True)
 
     @contextlib.contextmanager
     def runtime(self, *, deterministic: bool) -> Iterator[None]:

@@ -44,9 +44,10 @@ def parts_like(prev: Tensor | Sequence[Tensor] | None, params: Sequence[Tensor])
 class Controller(Protocol):
     """A step-level hook around ``optimizer.step()``.
 
-    ``reads``: the ``compute_loss`` metrics its ``before_step`` needs (an adapter keeps only those per micro-batch).
-    ``keeps_raw_prev``: whether it keeps the previous raw gradient anyway (as ``prev_grad``, per parameter): the
-    learner then reads ``grad/cos_prev`` from that copy instead of keeping a second one.
+    Two optional attributes (a controller of one's own may leave them out): ``reads``, the ``compute_loss`` metrics
+    its ``before_step`` needs (an adapter keeps only those per micro-batch; default none), and ``keeps_raw_prev``,
+    whether it keeps the previous raw gradient anyway (as ``prev_grad``, per parameter; default False): the learner
+    then reads ``grad/cos_prev`` from that copy instead of keeping a second one.
     """
 
     reads: tuple[str, ...]

@@ -77,7 +77,7 @@ class StepControl:
         self.framework = framework
         self.wrap_hint = wrap_hint or f"steadyrl.integrations.{framework}.wrap_optimizer(optimizer, ...)"
         self.controllers: list[Controller] = build_controllers(spec)
-        self.reads: frozenset[str] = frozenset(k for c in self.controllers for k in c.reads)
+        self.reads: frozenset[str] = frozenset(k for c in self.controllers for k in getattr(c, "reads", ()))
         self.pending: list[dict[str, Tensor]] = []
         self.control: dict[str, Tensor] = {}
         """The controllers' metrics of the current (or last) step, as tensors on the gradients' device."""

@@ -17,20 +17,26 @@ number of optimizer steps applied to it, so the lag in versions is ``learner_ver
 step t ≥ k with one optimizer step per learner step; larger with several updates per batch, smaller when a step was
 skipped for non-finite values).
 
-Memory: the ring holds k + 1 full copies of the parameters in CPU RAM (tied tensors stored once). For the 1M-parameter
-default model that is 4 MiB a copy (130 MiB at k = 32); for a 0.5B model in float32, 2 GiB a copy, so large k on large
-models needs the concurrent runtimes instead, where the sampler itself holds the only stale copy.
+Memory: the ring holds k + 1 full copies of the parameters (tied tensors stored once). For the 1M-parameter default
+model that is 4 MiB a copy (130 MiB at k = 32); for a 0.5B model in float32, 2 GiB a copy, so large k on large models
+needs the concurrent runtimes instead, where the sampler itself holds the only stale copy. Where the copies live
+(:meth:`steadyrl.base.device.Placement.snapshot_homes`): on a GPU, as many as fit its budget stay on the GPU
+(a device-to-device copy per step), the rest in pinned CPU memory (non-blocking copies), and past
+``runtime.snapshot_memory_gb`` on disk; on the CPU, in RAM and then on disk. Under ``bf16-mixed`` a snapshot holds
+the linear layers' weights in bfloat16, as the sampler uses them (half the bytes; the same samples). At k = 0 with
+the ``transformers`` sampler nothing is copied: the sampler is the learner's own model, in eval mode while it
+samples.
 
 Sampling is seeded per step (``generator(seed, "sample", t)``), so a run and a resumed run draw identical batches.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -40,7 +46,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from steadyrl.base.device import Placement, Precision
+from steadyrl.base.device import Placement, Precision, copy_state, wait_for_copies
 from steadyrl.base.seeding import derive_seed, generator
 from steadyrl.rollout.multiturn import ToolUse, score_final
 from steadyrl.rollout.rollouts import Rollouts
@@ -145,14 +151,7 @@ class Snapshot(NamedTuple):
 
 def cpu_state(model: nn.Module) -> dict[str, Tensor]:
     """A detached CPU copy of ``model.state_dict()``; tensors that share storage (tied embeddings) stay shared."""
-    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype], Tensor] = {}
-    out: dict[str, Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
-        if key not in copies:
-            copies[key] = tensor.detach().to("cpu", copy=True)
-        out[name] = copies[key]
-    return out
+    return copy_state(model.state_dict(), device=torch.device("cpu"))
 
 
 def state_bytes(model: nn.Module) -> int:
@@ -166,24 +165,58 @@ def state_bytes(model: nn.Module) -> int:
 class SnapshotRing:
     """Snapshots of the learner's weights, kept exactly as long as the schedule will still sample from them.
 
-    At most ``ram_slots`` of them stay in RAM (None: all); the others are written to ``spill_dir`` as safetensors
-    files and memory-mapped back when a batch is sampled from them (:class:`DiskState`).
+    The first ``device_slots`` of them (0 on the CPU) stay on ``device`` (the model's GPU); then at most
+    ``ram_slots`` in CPU memory (None: all; ``pinned``: page-locked, filled by non-blocking copies); the others are
+    written to ``spill_dir`` as safetensors files and memory-mapped back when a batch is sampled from them
+    (:class:`DiskState`). ``dtypes``: the dtype each state-dict entry is stored in (the sampler's; default: the
+    model's own). ``weights=False`` keeps no tensors at all (the sampler shares the learner's model).
     """
 
-    def __init__(self, schedule: LagSchedule, *, ram_slots: int | None = None, spill_dir: Path | None = None) -> None:
-        if ram_slots is not None and ram_slots < schedule.capacity and spill_dir is None:
+    def __init__(
+        self, schedule: LagSchedule, *, ram_slots: int | None = None, spill_dir: Path | None = None,
+        device: torch.device | None = None, device_slots: int = 0, pinned: bool = False,
+        dtypes: Mapping[str, torch.dtype] | None = None, weights: bool = True,
+    ) -> None:  # fmt: skip
+        if ram_slots is not None and device_slots + ram_slots < schedule.capacity and spill_dir is None:
             raise ValueError(f"ram_slots={ram_slots} < {schedule.capacity} snapshots needs a spill_dir")
         self.schedule = schedule
         self.ram_slots = ram_slots
         self.spill_dir = spill_dir
+        self.device = device or torch.device("cpu")
+        self.device_slots = device_slots if self.device.type != "cpu" else 0
+        self.pinned = pinned
+        self.dtypes = dict(dtypes) if dtypes is not None else None
+        self.weights = weights
         self._items: dict[int, Snapshot] = {}
 
-    def _store(self, step: int, state: dict[str, Tensor]) -> dict[str, Tensor] | DiskState:
-        in_ram = sum(1 for s in self._items.values() if not isinstance(s.state, DiskState))
+    def _tier(self) -> Literal["device", "ram", "disk"]:
+        """Where the next snapshot goes (the fastest tier with a free slot)."""
+        held = [s.state for s in self._items.values()]
+        on_device = sum(1 for st in held if isinstance(st, dict) and _on(st, self.device))
+        if on_device < self.device_slots:
+            return "device"
+        in_ram = sum(1 for st in held if isinstance(st, dict) and not _on(st, self.device))
         if self.ram_slots is None or in_ram < self.ram_slots:
-            return state
+            return "ram"
+        return "disk"
+
+    def _copy(self, step: int, state: Mapping[str, Tensor], *, owned: bool = False) -> dict[str, Tensor] | DiskState:
+        """A snapshot of ``state`` in its tier: the live model's state dict (copied), or tensors the ring may keep
+        as they are (``owned``: a checkpoint's CPU tensors, used without a second copy when they land in RAM)."""
+        if not self.weights:
+            return {}
+        tier = self._tier()
+        if tier == "device":
+            return copy_state(state, device=self.device, dtypes=self.dtypes)
+        cpu = torch.device("cpu")
+        if tier == "ram" and owned and not self.pinned:
+            dtypes = self.dtypes or {}
+            return {k: v.to(dtypes.get(k, v.dtype)) for k, v in state.items()}
+        if tier == "ram":
+            return copy_state(state, device=cpu, pinned=self.pinned, dtypes=self.dtypes)
         assert self.spill_dir is not None
-        return DiskState.save(state, self.spill_dir / f"step{step:08d}.safetensors")
+        host = copy_state(state, device=cpu, dtypes=self.dtypes)  # blocking: written to disk right away
+        return DiskState.save(host, self.spill_dir / f"step{step:08d}.safetensors")
 
     def _drop(self, step: int) -> None:
         snap = self._items.pop(step)
@@ -198,7 +231,7 @@ class SnapshotRing:
         if self.schedule.keeps(step):
             if step in self._items:
                 self._drop(step)
-            self._items[step] = Snapshot(step, version, self._store(step, cpu_state(model)))
+            self._items[step] = Snapshot(step, version, self._copy(step, model.state_dict()))
 
     def get(self, step: int) -> Snapshot:
         """The snapshot that samples the batch of ``step``."""
@@ -216,7 +249,7 @@ class SnapshotRing:
         """
         for s in list(self._items):
             self._drop(s)
-        state = cpu_state(model)
+        state = self._copy(step, model.state_dict())
         first = self.schedule.source_step(step)
         self._items = {
             s: Snapshot(s, version, state) for s in range(first, step + 1) if self.schedule.keeps(s) or s == first
@@ -236,7 +269,8 @@ class SnapshotRing:
         return sorted(self._items)
 
     def state_dict(self) -> dict[str, Any]:
-        """The held snapshots, for a checkpoint."""
+        """The held snapshots, for a checkpoint (CPU copies still in flight are waited for first)."""
+        wait_for_copies(self.device)
         return {"snapshots": [{"step": s.step, "version": s.version, "state": s.tensors()}
                               for s in self._items.values()]}  # fmt: skip
 
@@ -246,7 +280,13 @@ class SnapshotRing:
             self._drop(s)
         for d in sorted(state["snapshots"], key=lambda d: int(d["step"])):
             step = int(d["step"])
-            self._items[step] = Snapshot(step, int(d["version"]), self._store(step, dict(d["state"])))
+            self._items[step] = Snapshot(step, int(d["version"]), self._copy(step, dict(d["state"]), owned=True))
+
+
+def _on(state: Mapping[str, Tensor], device: torch.device) -> bool:
+    """Whether a (non-empty) snapshot's tensors are on ``device``."""
+    first = next(iter(state.values()), None)
+    return first is not None and first.device.type == device.type and device.type != "cpu"
 
 
 GIB = 1 << 30
@@ -269,15 +309,15 @@ def default_snapshot_budget() -> int:
 
 
 def snapshot_ram_slots(
-    *, copy_bytes: int, schedule: LagSchedule, budget_bytes: int, spill_dir: Path
+    *, copy_bytes: int, schedule: LagSchedule, budget_bytes: int, spill_dir: Path, device_slots: int = 0
 ) -> int | None:  # fmt: skip
     """How many snapshots stay in RAM (None: all of them fit the budget); the rest go to ``spill_dir``.
 
-    The ring holds ``schedule.capacity`` (lag + 1 for the pipeline) copies of the weights. Raises
-    :class:`SnapshotMemoryError` up front, with the arithmetic, when the copies beyond the RAM budget do not fit on
-    the free disk either.
+    The ring holds ``schedule.capacity`` (lag + 1 for the pipeline) copies of the weights, ``device_slots`` of them
+    on the GPU. Raises :class:`SnapshotMemoryError` up front, with the arithmetic, when the copies beyond the RAM
+    budget do not fit on the free disk either.
     """
-    n = schedule.capacity
+    n = max(0, schedule.capacity - device_slots)
     if n * copy_bytes <= budget_bytes:
         return None
     slots = budget_bytes // copy_bytes if copy_bytes else n
@@ -294,6 +334,24 @@ def snapshot_ram_slots(
             "(the sampler holds the only stale copy)"
         )
     return slots
+
+
+@contextlib.contextmanager
+def _sampling_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` as a sampler within the block: eval mode and frozen parameters, restored afterwards (the learner
+    model that samples at lag 0 trains between the batches). Frozen, because CPU kernels may take another path for
+    weights that require a gradient: the shared model then samples bit for bit what a frozen copy samples."""
+    was = model.training
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    model.eval()
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        model.train(was)
 
 
 class LagSampler:
@@ -320,18 +378,26 @@ class LagSampler:
         """``rollout.engine=vllm``: samples instead of :func:`generate`; :attr:`sampler` then holds the same weights
         for the engine-vs-trainer mismatch (:func:`~steadyrl.rollout.vllm_engine.engine_mismatch`)."""
         self._engine_step: int | None = None
-        self.sampler = copy.deepcopy(model).eval().requires_grad_(False)
-        # the learner's device and precision (steadyrl.base.device): the copy is on the model's device in its
-        # dtype, and decodes under the same autocast, so μ is what this sampler's distribution actually was
-        self.placement = Placement(device=next(self.sampler.parameters()).device, precision=precision)
+        # the learner's device and precision (steadyrl.base.device): the sampler is on the model's device, and
+        # decodes under the same autocast, so μ is what this sampler's distribution actually was
+        self.placement = Placement(device=next(model.parameters()).device, precision=precision)
+        self.shared = engine is None and schedule.kind == "pipeline" and schedule.lag == 0
+        """k = 0 with the transformers sampler: it samples with the learner's own model (no copy, no snapshots)."""
+        self.sampler = model if self.shared else self.placement.sampler_copy(model)
         self.tokenizer = tokenizer
+        dtypes = {k: v.dtype for k, v in self.sampler.state_dict().items()}
+        copy_bytes = state_bytes(self.sampler)
+        homes = self.placement.snapshot_homes(copy_bytes=copy_bytes, copies=schedule.capacity)
         ram_slots = None
-        if snapshot_budget_bytes is not None:  # a run's config always sets it (runtime.snapshot_memory_gb or auto)
+        if snapshot_budget_bytes is not None and not self.shared:  # a run's config always sets it
             if snapshot_dir is None:
                 raise ValueError("a snapshot memory budget needs a snapshot_dir to spill to")
-            ram_slots = snapshot_ram_slots(copy_bytes=state_bytes(model), schedule=schedule,
-                                           budget_bytes=snapshot_budget_bytes, spill_dir=snapshot_dir)  # fmt: skip
-        self.ring = SnapshotRing(schedule, ram_slots=ram_slots, spill_dir=snapshot_dir)
+            ram_slots = snapshot_ram_slots(copy_bytes=copy_bytes, schedule=schedule, budget_bytes=snapshot_budget_bytes,
+                                           spill_dir=snapshot_dir, device_slots=homes.device_slots)  # fmt: skip
+        self.ring = SnapshotRing(
+            schedule, ram_slots=ram_slots, spill_dir=snapshot_dir, device=self.placement.device,
+            device_slots=homes.device_slots, pinned=homes.pinned, dtypes=dtypes, weights=not self.shared,
+        )  # fmt: skip
         self.sampling = sampling
         self.group_size = group_size
         self.seed = seed
@@ -365,7 +431,7 @@ class LagSampler:
     def load(self, step: int) -> Snapshot:
         """Load the weights the schedule assigns to ``step`` into :attr:`sampler` (if not already there)."""
         snap = self.ring.get(step)
-        if self._loaded != snap.step:
+        if self._loaded != snap.step and not self.shared:
             self.sampler.load_state_dict(snap.tensors())
             self._loaded = snap.step
         return snap
@@ -373,6 +439,7 @@ class LagSampler:
     def sync_engine(self, snap: Snapshot) -> None:
         """Load snapshot ``snap``'s weights into the vLLM engine in place, once per snapshot."""
         if self.engine is not None and self._engine_step != snap.step:
+            wait_for_copies(self.placement.device)  # the engine reads the snapshot on the host
             self.engine.update_weights(snap.tensors(), version=snap.version)
             self._engine_step = snap.step
 
@@ -386,7 +453,7 @@ class LagSampler:
                 prompts, group_size=self.group_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                 top_p=s.top_p, top_k=s.top_k, seed=derive_seed(self.seed, "sample", step), version=snap.version,
             )  # fmt: skip
-        with torch.no_grad(), self.placement.autocast():
+        with torch.no_grad(), self.placement.autocast(), _sampling_mode(self.sampler):
             return generate(
                 self.sampler,
                 self.tokenizer,
@@ -410,7 +477,7 @@ class LagSampler:
     def mismatch(self, rollouts: Rollouts) -> dict[str, float]:
         """μ of the batch against the trainer's recompute on the very weights that sampled (no lag):
         :func:`~steadyrl.rollout.vllm_engine.engine_mismatch`, under the learner's autocast."""
-        with self.placement.autocast():
+        with self.placement.autocast(), _sampling_mode(self.sampler):
             return engine_mismatch(self.sampler, rollouts, temperature=self.sampling.temperature)
 
     def restart(self, *, step: int, version: int, model: nn.Module) -> None:
@@ -490,7 +557,7 @@ class LagSource:
                 top_k=s.top_k, seed=derive_seed(self.seed, "sample", step), version=snap.version,
             )  # fmt: skip
         else:
-            with torch.no_grad(), sampler.placement.autocast():
+            with torch.no_grad(), sampler.placement.autocast(), _sampling_mode(sampler.sampler):
                 out = tools.generate(
                     sampler.sampler, sampler.tokenizer, prompts, group_size=sampler.group_size,
                     temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,

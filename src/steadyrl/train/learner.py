@@ -159,7 +159,7 @@ class Learner:
         self._prox_version: int | None = None  # version at which this step's π_prox was recomputed (None: not)
         self._prev_grad: list[Tensor] | None = None
         # a controller that keeps the previous raw gradient anyway (GAC with prev="raw"): no second copy
-        self._prev_keeper = next((c for c in self.controllers if c.keeps_raw_prev), None)
+        self._prev_keeper = next((c for c in self.controllers if getattr(c, "keeps_raw_prev", False)), None)
         # COPC's value head and its AdamW: only when the method's advantage needs critic values
         self.critic: Critic | None = None
         if "values" in self.needs:
