@@ -81,8 +81,9 @@ LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 #: Where init may mount the new root before pivoting into it (any directory of the host works; it is hidden only in
-#: the sandbox's own mount namespace): the first of these that is no ancestor of a bind source (a tmpfs mounted on an
-#: ancestor would hide the source, e.g. a venv under /tmp).
+#: the sandbox's own mount namespace, and whatever the host has mounted below it is no part of the new root's mount
+#: tree): the first of these that is no ancestor of a bind source (a tmpfs mounted on an ancestor would hide the
+#: source, e.g. a venv under /tmp).
 STAGE_CANDIDATES = ("/tmp", "/var/tmp", "/srv", "/media", "/opt", "/mnt", "/run", "/home")
 STAGE = ""
 #: The tool's working directory inside the sandbox (a tmpfs of its own; ``/tmp`` is a symlink to it).
@@ -119,7 +120,7 @@ def prctl(option, arg=0):
 
 
 def mount(source, target, fstype, flags, data=None):
-    enc = [None if s is None else s.encode() for s in (source, target, fstype, data)]
+    enc = [None if s is None else os.fsencode(s) for s in (source, target, fstype, data)]
     check(libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]), f"mount {source} on {target}")
 
 
@@ -266,15 +267,52 @@ def write_id_maps(uid, gid):
             f.write(text)
 
 
-def mount_points_under(prefix):
-    """Mount points at or below ``prefix`` (from /proc/self/mountinfo; octal escapes decoded)."""
-    points = []
-    with open("/proc/self/mountinfo") as f:
+def unescape_mount_point(field):
+    """A mount point of /proc/self/mountinfo as a path: the kernel writes space, tab, newline and backslash as
+    ``\\ooo`` and leaves every other byte as it is (so the file is read as bytes: a host path need not be UTF-8)."""
+    parts = field.split(b"\\")
+    out = [parts[0]]
+    for part in parts[1:]:
+        if len(part) >= 3 and all(48 <= c <= 55 for c in part[:3]):  # three octal digits
+            out.append(bytes([int(part[:3], 8)]) + part[3:])
+        else:
+            out.append(b"\\" + part)
+    return os.fsdecode(b"".join(out))
+
+
+def mount_id(path):
+    """The ID (as /proc/self/mountinfo numbers mounts) of the mount ``path`` leads to."""
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+            for line in f:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    finally:
+        os.close(fd)
+    raise OSError(errno.ENOSYS, "/proc/self/fdinfo shows no mnt_id (Linux >= 3.15 needed)")
+
+
+def mounts_below(top):
+    """The mounts of the tree rooted at the mount ``top`` (an ID), ``top`` excluded: ``[(id, mount point)]``.
+
+    Found by following parent IDs, never by path: a mount the host has below the stage's path is no child of the stage
+    (its parent is the host mount it was made on) and is neither listed here nor reachable from the new root."""
+    parents, points = {}, {}
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
-            path = line.split()[4].encode().decode("unicode_escape")
-            if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
-                points.append(path)
-    return points
+            fields = line.split()
+            mid = int(fields[0])
+            parents[mid], points[mid] = int(fields[1]), unescape_mount_point(fields[4])
+    inside = {top}
+    grew = True
+    while grew:  # mountinfo need not list a parent before its children
+        grew = False
+        for mid, parent in parents.items():
+            if parent in inside and mid not in inside:
+                inside.add(mid)
+                grew = True
+    return [(mid, points[mid]) for mid in parents if mid in inside and mid != top]
 
 
 def remount_read_only(path):
@@ -317,20 +355,32 @@ def build_root(cfg, code):
     check(libc.unshare(ctypes.c_int(CLONE_NEWNS)), "unshare(CLONE_NEWNS)")
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
     mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV, f"size={len(code) + (1 << 20)},mode=0755")
+    stage_id = mount_id(STAGE)
     for path, target in cfg["symlinks"]:
         os.symlink(target, STAGE + path)
     # the working directory is a tmpfs of its own at WORKDIR; /tmp leads there too, unless a bind lives under /tmp
     # (a venv under /tmp): then /tmp is a read-only directory holding that bind
     make_node(STAGE + WORKDIR, True)
     mount("tmpfs", STAGE + WORKDIR, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['limits']['disk_bytes']},mode=0700")
+    workdir_id = mount_id(STAGE + WORKDIR)
     if not any(b == "/tmp" or b.startswith("/tmp/") for b in cfg["binds"]):
         os.symlink(WORKDIR, STAGE + "/tmp")
     for path in cfg["binds"]:
         make_node(STAGE + path, os.path.isdir(path))
         mount(path, STAGE + path, None, MS_BIND | MS_REC)
-    for point in mount_points_under(STAGE):
-        if point not in (STAGE, STAGE + WORKDIR):
-            remount_read_only(point)  # every bind and any submount it brought along
+    # every bind and any submount it brought along: the stage's own mount tree, by mount ID (the host's mounts below
+    # the stage's path, hidden under its tmpfs, are not part of it and are dropped with the old root)
+    for mid, point in mounts_below(stage_id):
+        if mid == workdir_id:
+            continue
+        try:
+            reachable = mount_id(point) == mid
+        except FileNotFoundError:
+            reachable = False
+        if reachable:
+            remount_read_only(point)
+        # else a later mount of the tree covers it (a host submount of a bound directory that the host mounted over):
+        # no path of the sandbox leads to it
     for name in DEVICES:
         if os.path.exists("/dev/" + name):
             make_node(STAGE + "/dev/" + name, False)
