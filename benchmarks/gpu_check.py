@@ -1,5 +1,6 @@
-"""The GPU check (issue 15): warm-start a ~85M-parameter Llama on the GPU, then 30 steps of ``steadyrl train`` there
-in bf16-mixed precision at lag 0, and print what a GPU run needs to show (docs/scale.md, "GPU check").
+"""The GPU check: warm-start a ~85M-parameter Llama on the GPU, 30 steps of ``steadyrl train`` there in bf16-mixed
+precision at lag 0, then the paths that can break on a GPU, each with a PASS or FAIL rule (docs/scale.md, "GPU
+check").
 
 1. Build the embedded Llama (:func:`steadyrl.models.build_tiny_model`) at the size ``--size`` names (``gpu``: hidden
    768, 12 layers, 12 heads, MLP 2048, 85.0M parameters; ``tiny``: hidden 32, 2 layers, the CPU smoke run), place it
@@ -10,6 +11,11 @@ in bf16-mixed precision at lag 0, and print what a GPU run needs to show (docs/s
    and an ``optim.microbatch_tokens`` budget below the batch's tokens (so the learner micro-batches).
 3. Print, and write to ``$OUT/gpu_check.json`` when ``OUT`` is set (or to ``--json``), the fields of
    :func:`summarize`.
+4. The items of :data:`ITEMS`, each PASS or FAIL by a rule that can fail (:func:`run_items`): training raises the
+   accuracy; a resume continues exactly (the steps after ``resume=true`` equal an uninterrupted run's); the collapse
+   guard's rollback restores the weights bit for bit and the next step runs; VCPO (the fused norm pass), GAC,
+   ``precision=bf16`` train; the adapters' step control runs ``seq_tis+ess_lr`` and ``seq_tis+gac`` on the device
+   behind a stand-in trainer. The exit status is non-zero when any item fails.
 
 Run it through ``bash benchmarks/gpu_check.sh`` on a machine with only torch/transformers/accelerate/numpy (it
 installs the rest from wheels first), or directly where steadyrl is installed:
@@ -51,6 +57,8 @@ JSON_NAME = "gpu_check.json"
 PRECISION = "bf16-mixed"
 #: Seed of the model's initialization, the warm start and the RL run.
 SEED = 0
+#: The PASS/FAIL items, in the order they run (:func:`run_items`).
+ITEMS = ("train", "resume", "rollback", "vcpo", "gac", "bf16", "adapter_ess_lr", "adapter_gac")
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,9 @@ class Size:
     """Held-out problems per evaluation."""
     microbatch_tokens: int
     """``optim.microbatch_tokens``: below the batch's padded tokens (rows × ~19), so the learner micro-batches."""
+    accuracy_rises: bool = True
+    """The train item's rule: the sampled accuracy rises (the GPU size); False for the CPU smoke size, whose few
+    warm-start steps leave the accuracy at 0 (there the rule is: exit 0 and every step finite)."""
 
 
 SIZES: dict[str, Size] = {
@@ -103,6 +114,7 @@ SIZES: dict[str, Size] = {
         eval_every=2,
         eval_n=8,
         microbatch_tokens=128,
+        accuracy_rises=False,
     ),
 }
 
@@ -224,8 +236,11 @@ def work_dir(path: str | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def run_check(*, size_name: str, device: str, work: Path) -> dict[str, Any]:
-    """Steps 1–3 in ``work``; returns the fields (also when the RL run fails: ``rl/exit_status`` says so)."""
+def run_check(
+    *, size_name: str, device: str, work: Path, items: Sequence[str] = ITEMS
+) -> tuple[dict[str, Any], list[ItemResult]]:
+    """Steps 1–4 in ``work``; returns the fields (also when the RL run fails: ``rl/exit_status`` says so) and the
+    items' verdicts."""
     wall0 = time.perf_counter()
     size = SIZES[size_name]
     placement = Placement.from_names(device, PRECISION)
@@ -251,8 +266,253 @@ def run_check(*, size_name: str, device: str, work: Path) -> dict[str, Any]:
         torch.cuda.max_memory_allocated(placement.device) / 2**30 if placement.device.type == "cuda" else None
     )
     fields |= summarize(read_metrics(out_dir / METRICS_FILE), rows=size.prompts_per_step * size.group_size)
+    fields["main_run_seconds"] = time.perf_counter() - wall0
+    results = run_items(fields, size=size, device=device, model_dir=model_dir, work=work, only=items)
+    fields["items"] = {r.name: {"passed": r.passed, "detail": r.detail} for r in results}
     fields["wall_seconds"] = time.perf_counter() - wall0
-    return fields
+    return fields, results
+
+
+#: Largest relative difference between a resumed run's steps and an uninterrupted run's (1e-6: float32 rounding
+#: would already fail it; a resume is exact).
+RESUME_RTOL = 1e-6
+#: Metrics compared between the resumed and the uninterrupted run.
+RESUME_KEYS = ("loss", "grad/norm", "reward/mean", "is/ess_ratio", "kl/k3", "lr")
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """One item: passed or not, and the measured values behind the verdict."""
+
+    name: str
+    passed: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"  {'PASS' if self.passed else 'FAIL'}  {self.name}: {self.detail}"
+
+
+def _short_overrides(size: Size, *, device: str, model_dir: Path, out_dir: Path, steps: int) -> list[str]:
+    """A short run of the check's model (the items' runs): ``steps`` steps at lag 1, no eval past step 0."""
+    base = train_overrides(size, device=device, model_dir=model_dir, out_dir=out_dir)
+    keep = [o for o in base if not o.startswith(("steps=", "lag=", "eval.every=", "eval.n="))]
+    return [*keep, f"steps={steps}", "lag=1", f"eval.every={steps}", "eval.n=8"]
+
+
+def _finite_run(records: Sequence[Mapping[str, Any]], steps: int) -> str | None:
+    """Why a run's records are not ``steps`` finite learner steps (None: they are)."""
+    learned = [r for r in records if "loss" in r]
+    if len(learned) != steps:
+        return f"{len(learned)} learner steps, expected {steps}"
+    for r in learned:
+        bad = [k for k in ("loss", "grad/norm") if not math.isfinite(float(r.get(k, math.nan)))]
+        if bad:
+            return f"step {r['step']}: {', '.join(bad)} not finite"
+    return None
+
+
+def item_train(fields: Mapping[str, Any], size: Size, out_dir: Path) -> ItemResult:
+    """The main run: exit 0, every step finite, and (the GPU size) the sampled accuracy higher at the end than at
+    the start."""
+    first, last = fields.get("rl/eval_acc_first"), fields.get("rl/eval_acc_last")
+    why = _finite_run(read_metrics(out_dir / METRICS_FILE), size.steps) if fields.get("rl/exit_status") == 0 else (
+        f"exit status {fields.get('rl/exit_status')}"
+    )
+    rises = first is not None and last is not None and last > first
+    ok = why is None and (rises or not size.accuracy_rises)
+    rule = "finite steps, accuracy rises" if size.accuracy_rises else "finite steps (smoke size)"
+    return ItemResult("train", ok, f"{why or 'finite steps'}, eval acc {first} -> {last} (rule: {rule})")
+
+
+def item_resume(size: Size, *, device: str, model_dir: Path, work: Path, steps: int = 6, stop: int = 3) -> ItemResult:
+    """``steps`` steps uninterrupted, against ``stop`` steps, then ``resume=true`` to ``steps``: the resumed steps'
+    metrics (:data:`RESUME_KEYS`) and the final state (the weights and the learner's: AdamW's moments and step
+    counts, the version, the previous gradient) within :data:`RESUME_RTOL` of the uninterrupted run's."""
+    from steadyrl.train.checkpoint import load_latest
+
+    whole, parts = work / "resume_whole", work / "resume_parts"
+    common = dict(device=device, model_dir=model_dir)
+    if train_main(_short_overrides(size, **common, out_dir=whole, steps=steps)) != 0:
+        return ItemResult("resume", False, "the uninterrupted run failed")
+    if train_main(_short_overrides(size, **common, out_dir=parts, steps=stop)) != 0:
+        return ItemResult("resume", False, "the first part failed")
+    resumed = [o for o in _short_overrides(size, **common, out_dir=parts, steps=steps) if o != "overwrite=true"]
+    if train_main([*resumed, "resume=true"]) != 0:
+        return ItemResult("resume", False, "resume=true failed")
+    a = {r["step"]: r for r in read_metrics(whole / METRICS_FILE) if "loss" in r}
+    b = {r["step"]: r for r in read_metrics(parts / METRICS_FILE) if "loss" in r}
+    if sorted(a) != sorted(b) or len(a) != steps:
+        return ItemResult("resume", False, f"steps {sorted(b)} after the resume, {sorted(a)} uninterrupted")
+    worst = 0.0
+    for step in range(stop, steps):
+        for key in RESUME_KEYS:
+            x, y = a[step].get(key), b[step].get(key)
+            if x is None and y is None:
+                continue
+            if x is None or y is None:
+                return ItemResult("resume", False, f"step {step}: {key} only in one run")
+            worst = max(worst, abs(float(x) - float(y)) / max(abs(float(x)), 1e-12))
+    end_a, end_b = load_latest(whole), load_latest(parts)
+    if end_a is None or end_b is None:
+        return ItemResult("resume", False, "no final checkpoint")
+    worst_state = 0.0
+    for part in ("model", "learner"):
+        xs, ys = list(_tensors(end_a.state[part])), list(_tensors(end_b.state[part]))
+        if len(xs) != len(ys) or any(x.shape != y.shape for x, y in zip(xs, ys, strict=True)):
+            return ItemResult("resume", False, f"the final {part} states differ in layout")
+        for x, y in zip(xs, ys, strict=True):
+            diff = (x.double() - y.double()).abs().max() if x.numel() else torch.zeros(())
+            worst_state = max(worst_state, float(diff) / max(float(x.double().abs().max()) if x.numel() else 0, 1e-12))
+    ok = max(worst, worst_state) <= RESUME_RTOL
+    return ItemResult("resume", ok, f"max relative difference {worst:.3g} in the metrics of steps {stop}-"
+                      f"{steps - 1}, {worst_state:.3g} in the final weights and learner state "
+                      f"(rule: <= {RESUME_RTOL:g})")  # fmt: skip
+
+
+def _stand_in_batch(model: torch.nn.Module, placement: Placement, seed: int) -> tuple[Any, torch.Tensor]:
+    """Rollouts of the check's model on a few prompts (lag 0) and random 0/1 rewards, on the model's device."""
+    from steadyrl.base.seeding import generator
+    from steadyrl.rollout.sampler import generate
+
+    tokenizer = build_char_tokenizer()
+    prompts = [p.prompt for p in build_task(MAIN_JOB_TASK).problems("train", 4, seed=seed)]
+    with torch.no_grad(), placement.autocast():
+        rollouts = generate(model, tokenizer, prompts, group_size=4, max_new_tokens=8, version=0,
+                            generator=generator(seed, "sample", device=placement.device))  # fmt: skip
+    rewards = torch.randint(0, 2, (len(prompts) * 4,), generator=torch.Generator().manual_seed(seed)).float()
+    return rollouts, rewards.to(placement.device)
+
+
+def _load_policy(model_dir: Path, placement: Placement) -> torch.nn.Module:
+    return placement.place(transformers.AutoModelForCausalLM.from_pretrained(model_dir))
+
+
+def item_rollback(*, model_dir: Path, placement: Placement, work: Path) -> ItemResult:
+    """The collapse guard (``mode=rollback``) fed an alarming step restores the snapshot of step 0: the weights equal
+    it bit for bit, the learner's state sits on the model's device, and the next learner step runs."""
+    from steadyrl.control import build_controllers
+    from steadyrl.methods import resolve_method
+    from steadyrl.train.config import OptimConfig
+    from steadyrl.train.guard import CollapseGuard, GuardConfig
+    from steadyrl.train.learner import Learner
+
+    model = _load_policy(model_dir, placement)
+    spec = resolve_method("seq_tis+gac")
+    learner = Learner(model=model, method=spec, controllers=build_controllers(spec), lr=1e-3, optim=OptimConfig(),
+                      log=lambda _: None, placement=placement)  # fmt: skip
+    cfg = GuardConfig(mode="rollback", warmup=0, patience=1, smooth=1, kl_max=0.5)
+    guard = CollapseGuard(cfg, out_dir=work / "rollback", model=model, learner=learner, base_lr=1e-3,
+                          say=lambda _: None)  # fmt: skip
+    guard.start(0)
+    want = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    for seed in range(2):
+        learner.step(*_stand_in_batch(model, placement, seed))
+    moved = any(not torch.equal(want[k], v) for k, v in model.state_dict().items())
+
+    class Source:
+        def restart(self, *, step: int, version: int, model: torch.nn.Module) -> None:
+            return None
+
+    action = guard.after_step(2, {"kl/k3": 10.0, "is/ess_ratio": 1.0, "grad/norm": 1.0}, source=Source())
+    same = all(torch.equal(want[k], v) for k, v in model.state_dict().items())
+    stray = [t.device for t in _tensors(learner.state_dict()) if t.device != placement.device and t.dim() > 0]
+    out = learner.step(*_stand_in_batch(model, placement, 7))  # the step after a rollback (previous gradients)
+    ok = action.kind == "rollback" and moved and same and not stray and out.applied == 1
+    return ItemResult("rollback", ok, f"action {action.kind}, weights moved {moved}, restored bit for bit {same}, "
+                      f"learner tensors off the device {len(stray)}, next step applied {out.applied}")  # fmt: skip
+
+
+def _tensors(state: Any) -> Iterator[torch.Tensor]:
+    if isinstance(state, torch.Tensor):
+        yield state
+    elif isinstance(state, Mapping):
+        for v in state.values():
+            yield from _tensors(v)
+    elif isinstance(state, (list, tuple)):
+        for v in state:
+            yield from _tensors(v)
+
+
+def item_run(name: str, size: Size, *, device: str, model_dir: Path, work: Path, extra: Sequence[str],
+             check: str | None = None) -> ItemResult:  # fmt: skip
+    """A 3-step run with ``extra`` overrides: exit 0, 3 finite learner steps (and the metric ``check`` present)."""
+    steps, out = 3, work / name
+    keys = {e.split("=", 1)[0] for e in extra}
+    base = _short_overrides(size, device=device, model_dir=model_dir, out_dir=out, steps=steps)
+    status = train_main([*(o for o in base if o.split("=", 1)[0] not in keys), *extra])
+    if status != 0:
+        return ItemResult(name, False, f"{' '.join(extra)}: exit status {status}")
+    records = read_metrics(out / METRICS_FILE)
+    why = _finite_run(records, steps)
+    if why is None and check is not None and not any(check in r for r in records):
+        why = f"no {check} metric"
+    return ItemResult(name, why is None, f"{' '.join(extra)}: " + (why or f"{steps} finite steps"))
+
+
+def item_adapter(name: str, method: str, *, model_dir: Path, placement: Placement) -> ItemResult:
+    """The adapters' step control (:class:`steadyrl.integrations.step_control.StepControl`) behind a stand-in
+    trainer: two micro-batches per optimizer step, ``compute_loss`` on π_θ recomputed with gradient, the optimizer
+    wrapped; two steps. Passes when the control metrics are finite, the lr is restored and the weights moved."""
+    from steadyrl.integrations.step_control import StepControl
+    from steadyrl.methods import compute_loss, resolve_method
+    from steadyrl.rollout.logprobs import sequence_logprobs
+
+    model = _load_policy(model_dir, placement)
+    spec = resolve_method(method, {"advantage.type": "given"})
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    control = StepControl(spec, framework="check")
+    control.wrap(optimizer)
+    before = [p.detach().clone() for p in model.parameters()]
+    for step in range(2):
+        for micro in range(2):
+            rollouts, rewards = _stand_in_batch(model, placement, 10 * step + micro)
+            with placement.autocast():
+                logp = sequence_logprobs(model, rollouts).logp
+            adv = (rewards - rewards.mean()).unsqueeze(-1).expand_as(logp)
+            batch = {"logp": logp, "behav_logp": rollouts.behav_logp - 0.05, "mask": rollouts.response_mask,
+                     "advantages": adv}  # fmt: skip
+            loss, metrics = compute_loss(spec, batch)
+            control.record(metrics)
+            (loss / 2).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    values = control.last
+    finite = bool(values) and all(math.isfinite(v) for v in values.values())
+    restored = optimizer.param_groups[0]["lr"] == 1e-4
+    moved = any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    skipped = values.get("steadyrl/control/skip_step", 0.0) == 1.0
+    ok = finite and restored and (moved or skipped)
+    shown = ", ".join(f"{k.removeprefix('steadyrl/')} {v:.3g}" for k, v in values.items())
+    return ItemResult(name, ok, f"{method}: {shown}; lr restored {restored}, weights moved {moved}")
+
+
+def run_items(fields: Mapping[str, Any], *, size: Size, device: str, model_dir: Path, work: Path,
+              only: Sequence[str] = ITEMS) -> list[ItemResult]:  # fmt: skip
+    """The items of :data:`ITEMS` (those in ``only``); an item that raises is a FAIL with the exception."""
+    placement = Placement.from_names(device, PRECISION)
+    common = dict(device=device, model_dir=model_dir, work=work)
+    runs: dict[str, Any] = {
+        "train": lambda: item_train(fields, size, work / "run"),
+        "resume": lambda: item_resume(size, **common),
+        "rollback": lambda: item_rollback(model_dir=model_dir, placement=placement, work=work),
+        "vcpo": lambda: item_run("vcpo", size, **common, extra=["method=vcpo", "optim.microbatch_tokens=null"],
+                                 check="grad/fused"),  # the fused norm pass (the main run micro-batches)
+        "gac": lambda: item_run("gac", size, **common, extra=["method=seq_tis+gac"], check="gac/cos"),
+        "bf16": lambda: item_run("bf16", size, **common, extra=["precision=bf16"]),
+        "adapter_ess_lr": lambda: item_adapter("adapter_ess_lr", "seq_tis+ess_lr", model_dir=model_dir,
+                                               placement=placement),
+        "adapter_gac": lambda: item_adapter("adapter_gac", "seq_tis+gac", model_dir=model_dir, placement=placement),
+    }
+    results = []
+    for name in ITEMS:
+        if name not in only:
+            continue
+        try:
+            results.append(runs[name]())
+        except Exception as exc:  # a crash is the finding: report it as the item's failure
+            results.append(ItemResult(name, False, f"raised {type(exc).__name__}: {exc}"))
+        print(results[-1].line(), flush=True)
+    return results
 
 
 def format_fields(fields: Mapping[str, Any]) -> str:
@@ -279,16 +539,29 @@ def main(argv: list[str] | None = None) -> int:
                         "when OUT is set)")  # fmt: skip
     parser.add_argument("--work-dir", default=None, help="keep the model and run here (default: a temporary "
                         "directory, removed)")  # fmt: skip
+    parser.add_argument("--items", default=os.environ.get("GPU_CHECK_ITEMS", ",".join(ITEMS)),
+                        help=f"comma-separated items to run after the main run (default: all: {','.join(ITEMS)})")
     args = parser.parse_args(argv)
+    items = [i for i in args.items.split(",") if i]
+    unknown = sorted(set(items) - set(ITEMS))
+    if unknown:
+        parser.error(f"unknown items {unknown}; known: {', '.join(ITEMS)}")
     json_path = args.json or (Path(os.environ["OUT"]) / JSON_NAME if os.environ.get("OUT") else None)
     with work_dir(args.work_dir) as work:
-        fields = run_check(size_name=args.size, device=args.device, work=work)
-    print(f"gpu_check ({args.size} on {fields['device']}):\n{format_fields(fields)}", flush=True)
+        fields, results = run_check(size_name=args.size, device=args.device, work=work, items=items)
+    shown = {k: v for k, v in fields.items() if k != "items"}
+    print(f"gpu_check ({args.size} on {fields['device']}):\n{format_fields(shown)}", flush=True)
+    failed = [r.name for r in results if not r.passed]
+    print("items:\n" + "\n".join(r.line() for r in results))
+    print(f"gpu_check: {'FAIL (' + ', '.join(failed) + ')' if failed else 'PASS'} "
+          f"({len(results) - len(failed)}/{len(results)} items passed)")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(fields, indent=2) + "\n")
         print(f"  written: {json_path}")
-    return int(fields["rl/exit_status"])
+    if fields["rl/exit_status"] != 0:
+        return int(fields["rl/exit_status"])
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""``benchmarks/gpu_check.py`` at its CPU smoke size: warm start, ``steadyrl train`` in bf16-mixed at lag 0 with
-micro-batches, and the printed and JSON fields (docs/scale.md, "GPU check"). Seconds on one CPU thread."""
+"""``benchmarks/gpu_check.py`` at its CPU smoke size (``GPU_CHECK_DEVICE=cpu``): warm start, ``steadyrl train`` in
+bf16-mixed at lag 0 with micro-batches, every PASS/FAIL item, and the printed and JSON fields (docs/scale.md, "GPU
+check"); a deliberately broken resume prints FAIL."""
 
 from __future__ import annotations
 
@@ -31,14 +32,28 @@ def gpu_check() -> ModuleType:
     return _load_script()
 
 
-def test_cpu_smoke_run_prints_and_writes_every_field(
-    gpu_check: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("OUT", str(tmp_path / "out"))  # the device machine's convention: $OUT/gpu_check.json
-    status = gpu_check.main(["--device", "cpu", "--size", "tiny", "--work-dir", str(tmp_path / "work")])
-    assert status == 0
+@pytest.fixture(scope="module")
+def smoke(gpu_check: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
+    """One CPU smoke run of the whole check: (exit status, what it printed, its folder)."""
+    import contextlib
+    import io
+    import os
+
+    tmp_path = tmp_path_factory.mktemp("gpu_check")
+    os.environ["OUT"] = str(tmp_path / "out")  # the device machine's convention: $OUT/gpu_check.json
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            status = gpu_check.main(["--device", "cpu", "--size", "tiny", "--work-dir", str(tmp_path / "work")])
+    finally:
+        del os.environ["OUT"]
+    return status, printed.getvalue(), tmp_path
+
+
+def test_cpu_smoke_run_prints_and_writes_every_field(gpu_check: ModuleType, smoke: tuple[int, str, Path]) -> None:
+    status, printed, tmp_path = smoke
+    assert status == 0, printed
     fields = json.loads((tmp_path / "out" / gpu_check.JSON_NAME).read_text())
-    printed = capsys.readouterr().out
     for key in NUMERIC:
         assert isinstance(fields[key], (int, float)) and math.isfinite(fields[key]), (key, fields[key])
         assert f"  {key} " in printed, key
@@ -53,6 +68,30 @@ def test_cpu_smoke_run_prints_and_writes_every_field(
     assert fields["rl/mismatch_kl_k3_max"] >= fields["rl/mismatch_kl_k3_mean"] >= 0
     assert fields["rl/learner_tokens_per_s"] > 0 and fields["rl/sampler_tokens_per_s"] > 0
     assert (tmp_path / "work" / "model" / "config.json").is_file()
+    assert set(fields["items"]) == set(gpu_check.ITEMS)
+    for name in gpu_check.ITEMS:
+        assert fields["items"][name]["passed"], (name, fields["items"][name])
+        assert f"PASS  {name}: " in printed
+    assert f"gpu_check: PASS ({len(gpu_check.ITEMS)}/{len(gpu_check.ITEMS)} items passed)" in printed
+
+
+def test_a_broken_resume_prints_fail(
+    gpu_check: ModuleType, smoke: tuple[int, str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The resume item's rule can fail: a learner that forgets AdamW's moments on load continues differently."""
+    from steadyrl.train.learner import Learner
+
+    restore = Learner.load_state_dict
+
+    def forget_adam(self: Learner, state: dict) -> None:
+        restore(self, {**state, "optimizer": self.optimizer.state_dict()})  # the fresh optimizer, not the saved one
+
+    monkeypatch.setattr(Learner, "load_state_dict", forget_adam)
+    model_dir = smoke[2] / "work" / "model"
+    result = gpu_check.item_resume(gpu_check.SIZES["tiny"], device="cpu", model_dir=model_dir, work=tmp_path)
+    assert not result.passed, result.detail
+    assert result.line().startswith("  FAIL  resume: max relative difference")
+    assert "final weights and learner state" in result.detail
 
 
 def test_gpu_size_is_85m_parameters(gpu_check: ModuleType) -> None:
