@@ -125,7 +125,8 @@ def sequence_logprobs(
             With the sampler's settings, the result equals the recorded ``behav_logp`` for unchanged weights.
         return_entropy: also return H_t = −Σ_v π(v) log π(v) of the same distribution at each response position.
         return_hidden: also return the final hidden states of the positions that predict the response tokens (same
-            forward, ``output_hidden_states=True``; the critic of ``steadyrl.train.critic`` reads them).
+            forward: ``output_hidden_states=True``, or the trunk's output when chunked; the critic of
+            ``steadyrl.train.critic`` reads them).
         share_prompts: run each distinct prompt once (:func:`_shared_prompt_outputs`; G responses per prompt
             cost one prompt forward instead of G), when some rows share a prompt and ``return_hidden`` is off.
             The same values as the one-pass forward up to float rounding, gradient included.
