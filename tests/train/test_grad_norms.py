@@ -301,3 +301,30 @@ def test_default_model_ghost_and_fused_match_naive(tokenizer) -> None:
     assert_rel_close(per_trajectory_grad_sq_norms(model, batch, method="ghost"), want, rtol=1e-6)
     with GhostPass(model, batch) as ghost:
         assert_rel_close(ghost.sq_norms(), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("method", "strategy"), BATCHED)
+def test_vocabulary_chunks_leave_every_method_exact(tokenizer, monkeypatch, method: str, strategy: str) -> None:
+    """With a default budget so small that every recompute would be chunked (1 token per chunk): "naive" (each row
+    alone) runs the chunked head, "ghost" keeps the direct form (its hooks record the output layer's call), "vmap"
+    too (``torch.func``); the three still agree to 1e-10, and the ghost pass's batch gradient is the chunked one."""
+    import steadyrl.rollout.logprobs as lp_mod
+    from steadyrl.train.grad_norms import GhostPass
+
+    real, calls = lp_mod.chunked_log_probs, []
+    monkeypatch.setattr(lp_mod, "chunked_log_probs", lambda **kw: calls.append(kw["chunk_tokens"]) or real(**kw))
+    monkeypatch.setattr(lp_mod, "DEFAULT_CHUNK_ELEMENTS", 1)
+    model, batch = llama(tokenizer), default_batch(len(tokenizer))
+    want = per_trajectory_grad_sq_norms(model, batch, method="naive")
+    assert calls == [1] * batch.response_ids.shape[0]  # every row alone, chunked
+    got = per_trajectory_grad_sq_norms(model, batch, method=method, ghost_strategy=strategy)
+    assert len(calls) == batch.response_ids.shape[0]  # the batched methods: the direct form
+    assert_rel_close(got, want)
+    if method == "ghost":
+        with GhostPass(model, batch) as ghost:
+            ghost.backward(batch.response_mask.double())
+        ghost_grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        lp_mod.sequence_logprobs(model, batch).logp.sum().backward()  # chunked
+        for got_g, p in zip(ghost_grads, model.parameters(), strict=True):
+            assert float((got_g - p.grad).norm()) <= 1e-10 * float(p.grad.norm()) + 1e-300

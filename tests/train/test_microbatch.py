@@ -20,6 +20,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from steadyrl.control import build_controllers
 from steadyrl.methods import PRESETS, resolve_method
+from steadyrl.methods.resolve import required_inputs
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
@@ -108,6 +109,28 @@ def test_activation_checkpointing_gives_the_same_gradient(name: str, model64, ba
     for extra in ({}, {"microbatch_tokens": _budgets(batch[0])["mixed"]}):
         ckpt, _ = _raw_grad(model64, name, batch, activation_checkpointing=True, **extra)
         assert float((ckpt - full).norm() / full.norm()) < 1e-10, extra
+
+
+@pytest.mark.parametrize("name", [p.name for p in PRESETS])
+def test_vocabulary_chunks_give_the_one_pass_gradient(name: str, model64, batch, monkeypatch) -> None:
+    """Every recompute in vocabulary chunks of 3 tokens (the default element budget patched down to 300 logits;
+    π_θ with gradient, π_prox, OTB's Σπ², COPC's hidden states, shared prompts; VCPO's ghost pass keeps the direct
+    form): the learner's raw gradient and loss equal the direct form's to 1e-10, alone and with micro-batches."""
+    import steadyrl.rollout.logprobs as lp_mod
+
+    full, full_metrics = _raw_grad(model64, name, batch)
+    real, calls = lp_mod.chunked_log_probs, []
+    monkeypatch.setattr(lp_mod, "chunked_log_probs", lambda **kw: calls.append(kw["chunk_tokens"]) or real(**kw))
+    monkeypatch.setattr(lp_mod, "DEFAULT_CHUNK_ELEMENTS", 300)
+    for extra in ({}, {"microbatch_tokens": _budgets(batch[0])["mixed"]}):
+        calls.clear()
+        chunked, metrics = _raw_grad(model64, name, batch, **extra)
+        # OPOB's methods score every batch in the fused ghost pass, which keeps the direct form
+        fused_only = "grad_sq_norms" in required_inputs(resolve_method(name)) and not extra
+        assert set(calls) == (set() if fused_only else {3}), extra
+        rel = float((chunked - full).norm() / full.norm())
+        assert rel < 1e-10, (extra, rel)
+        assert metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-10, abs=1e-12), extra
 
 
 def test_a_budget_that_fits_the_batch_runs_one_pass(model64, batch) -> None:

@@ -7,20 +7,23 @@ module                 holds
 ``rollouts``           :class:`Rollouts` (tokens, masks, behavior log-probs, versions), ``concat``,
                        :func:`trim_padding`
 ``sampler``            :func:`generate`: batched KV-cache sampling from a ``transformers`` causal LM
-``logprobs``           :func:`sequence_logprobs`: per-token log-probs (and entropies) with gradient
+``logprobs``           :func:`sequence_logprobs`: per-token log-probs (and entropies) with gradient, in
+                       vocabulary chunks past an element budget; :func:`sequence_logprob_terms`:
+                       full-vocabulary terms (entropy bonus, Σ_v c_v log π_v) with gradient
 ``framing``            :func:`~steadyrl.rollout.framing.encode_tool_text`: tool output encoded without any
                        special token
 =====================  ===========================================================================
 """
 
 from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
-from steadyrl.rollout.logprobs import SequenceLogprobs, sequence_logprobs
+from steadyrl.rollout.logprobs import SequenceLogprobs, SequenceLogprobTerms, sequence_logprob_terms, sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts, TokenBatch, TokenBatchLike, concat, trim_padding
 from steadyrl.rollout.sampler import generate
 
 __all__ = [
     "Rollouts",
     "SamplingParams",
+    "SequenceLogprobTerms",
     "SequenceLogprobs",
     "TokenBatch",
     "TokenBatchLike",
@@ -28,6 +31,7 @@ __all__ = [
     "entropy_from_log_probs",
     "generate",
     "sampling_log_probs",
+    "sequence_logprob_terms",
     "sequence_logprobs",
     "trim_padding",
 ]

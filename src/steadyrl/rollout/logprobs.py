@@ -13,22 +13,57 @@ or None. With ``return_hidden=True`` the same forward also asks for ``output_hid
 hidden state (the input of the output layer, after the final norm) at each position that predicts a response token,
 ``hidden`` ``[N, T, H]`` in the model's dtype (0 where ``response_mask`` is False): ``hidden[:, t]`` is the state
 *before* y_t is emitted, the s_t of a critic V(s_t).
+
+**Vocabulary chunks.** When a call would hold more than ``chunk_elements`` logits (``N·T·V`` above the budget,
+default :data:`~steadyrl.core.vocab_chunks.DEFAULT_CHUNK_ELEMENTS` = 2^26, 256 MiB in float32; decided from the
+shapes, no host sync), the model is split at its output layer: the trunk (``model.get_decoder()``) runs with the same
+attention mask, positions and KV-cache handling, its final hidden states at the scored tokens (``response_mask``)
+are gathered ``[M, H]``, and :func:`steadyrl.core.vocab_chunks.chunked_log_probs` applies the output layer's weight
+(and bias) and the sampling distribution a chunk of ``chunk_elements // V`` tokens at a time, forward and backward:
+no ``[N, T, V]`` tensor is ever formed (at V = 49,152 and 16k tokens the direct form holds several of 3.2 GB). Same
+values and gradients up to float rounding (1e-6 relative in float32, 1e-12 in float64: ``tests/core/
+test_vocab_chunks.py``); the gather of the scored tokens costs one host sync per call. Within the budget the direct
+form runs, unchanged (bit-identical results on small vocabularies). The direct form is also used wherever the split
+is not known to be the same function: a model whose type is not in :data:`SPLITTABLE_MODEL_TYPES` or whose config
+post-processes logits (``final_logit_softcapping``, ``logit_scale``, ``logits_scaling``), an output layer that is
+not a plain ``nn.Linear`` / :class:`~steadyrl.train.device.Float32OutputLinear` (LoRA on the head, a tied custom
+module) or a plain ``nn.Linear`` that would run in low precision (a weight not in float32/float64, or under
+autocast), a model or head with forward hooks or a patched ``forward`` (the ghost gradient-norm pass of
+:mod:`steadyrl.train.grad_norms` records the output layer's call; accelerate's device hooks), and under ``torch.func``
+transforms (``vmap``/``grad``: the chunked head is a custom autograd function).
+
+Full-vocabulary terms with gradient (an entropy bonus, Σ_v c_v log π_v) go through :func:`sequence_logprob_terms`,
+which takes named callables ``g(log_probs [m, V], index [m]) -> [m]`` (``index``: flat positions ``n·T + t`` in the
+``[N, T]`` grid) and returns them as ``[N, T]`` tensors whose gradient flows, chunked or not.
 Confidence: [exact] (a forward pass; the distribution is that of :mod:`steadyrl.rollout.distribution`).
 """
 
 from __future__ import annotations
 
+import functools
+import sys
+from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, overload
 
 import torch
-from jaxtyping import Float
-from torch import Tensor
+from jaxtyping import Bool, Float
+from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 
 from steadyrl.core.advantages.otb import sum_squared_probs
+from steadyrl.core.vocab_chunks import DEFAULT_CHUNK_ELEMENTS, VocabTerm, chunk_tokens_for, chunked_log_probs
 from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
 from steadyrl.rollout.rollouts import TokenBatchLike, attention_mask
 from steadyrl.rollout.sampler import cache_kwarg, positions_from_mask
+
+#: ``config.model_type`` of the causal LMs whose logits are exactly ``output_layer(trunk(...).last_hidden_state)``
+#: (transformers' ``*ForCausalLM.forward``: no scaling, capping or extra head), so the chunked head may replace the
+#: model's own output layer. Other types use the direct form.
+SPLITTABLE_MODEL_TYPES: frozenset[str] = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3", "olmo", "olmo2", "smollm3"}
+)
+#: Config attributes through which a model post-processes its logits (Gemma 2/3, Cohere, Granite): never split.
+_LOGIT_POSTPROCESSING: tuple[str, ...] = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 class SequenceLogprobs(NamedTuple):
@@ -46,10 +81,18 @@ class SequenceLogprobsHidden(NamedTuple):
     hidden: Float[Tensor, "N T H"]
 
 
+class SequenceLogprobTerms(NamedTuple):
+    """``logp`` ``[N, T]`` and each named full-vocabulary term ``[N, T]`` (0 at padding; gradient flows)."""
+
+    logp: Float[Tensor, "N T"]
+    terms: dict[str, Float[Tensor, "N T"]]
+
+
 @overload
 def sequence_logprobs(
     model: PreTrainedModel, batch: TokenBatchLike, *, temperature: float = ..., top_k: int = ..., top_p: float = ...,
     return_entropy: bool = ..., return_hidden: Literal[False] = ..., share_prompts: bool = ...,
+    chunk_elements: int | None = ...,
 ) -> SequenceLogprobs: ...  # fmt: skip
 
 
@@ -57,6 +100,7 @@ def sequence_logprobs(
 def sequence_logprobs(
     model: PreTrainedModel, batch: TokenBatchLike, *, temperature: float = ..., top_k: int = ..., top_p: float = ...,
     return_entropy: bool = ..., return_hidden: Literal[True], share_prompts: bool = ...,
+    chunk_elements: int | None = ...,
 ) -> SequenceLogprobsHidden: ...  # fmt: skip
 
 
@@ -70,6 +114,7 @@ def sequence_logprobs(
     return_entropy: bool = False,
     return_hidden: bool = False,
     share_prompts: bool = False,
+    chunk_elements: int | None = None,
 ) -> SequenceLogprobs | SequenceLogprobsHidden:
     """log π(y_t | x, y_<t) for every response token (gradient flows when called under grad).
 
@@ -80,17 +125,19 @@ def sequence_logprobs(
             With the sampler's settings, the result equals the recorded ``behav_logp`` for unchanged weights.
         return_entropy: also return H_t = −Σ_v π(v) log π(v) of the same distribution at each response position.
         return_hidden: also return the final hidden states of the positions that predict the response tokens (same
-            forward, ``output_hidden_states=True``; the critic of ``steadyrl.train.critic`` reads them).
-        share_prompts: run each distinct prompt once (:func:`_shared_prompt_log_probs`; G responses per prompt
+            forward: ``output_hidden_states=True``, or the trunk's output when chunked; the critic of
+            ``steadyrl.train.critic`` reads them).
+        share_prompts: run each distinct prompt once (:func:`_shared_prompt_outputs`; G responses per prompt
             cost one prompt forward instead of G), when some rows share a prompt and ``return_hidden`` is off.
             The same values as the one-pass forward up to float rounding, gradient included.
+        chunk_elements: the most logits held at once (module docstring, "Vocabulary chunks"); None:
+            :data:`~steadyrl.core.vocab_chunks.DEFAULT_CHUNK_ELEMENTS`. Within it, the direct form.
 
     Returns:
         :class:`SequenceLogprobs` (unpacks as ``logp, entropy``); both float32 and 0 at padding. With
         ``return_hidden``: :class:`SequenceLogprobsHidden` (``logp, entropy, hidden``).
     """
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    response_mask = batch.response_mask.bool()
     N, T = batch.response_ids.shape
     if T == 0:
         empty = torch.zeros(N, 0, device=batch.response_ids.device)
@@ -99,18 +146,205 @@ def sequence_logprobs(
             hidden0 = torch.zeros(N, 0, model.config.hidden_size, device=empty.device, dtype=model.dtype)
             return SequenceLogprobsHidden(empty, entropy0, hidden0)
         return SequenceLogprobs(empty, entropy0)
-    shared = _shared_prompt_log_probs(model, batch, params=params) if share_prompts and not return_hidden else None
+    terms: dict[str, VocabTerm] = {_ENTROPY: _entropy_term} if return_entropy else {}
+    scored = _score(model, batch, params=params, terms=terms, return_hidden=return_hidden, share_prompts=share_prompts,
+                    chunk_elements=chunk_elements)  # fmt: skip
+    entropy = scored.terms.get(_ENTROPY)
+    if return_hidden:
+        assert scored.hidden is not None
+        return SequenceLogprobsHidden(scored.logp, entropy, scored.hidden)
+    return SequenceLogprobs(scored.logp, entropy)
+
+
+def sequence_logprob_terms(
+    model: PreTrainedModel,
+    batch: TokenBatchLike,
+    *,
+    terms: Mapping[str, VocabTerm],
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    share_prompts: bool = False,
+    chunk_elements: int | None = None,
+) -> SequenceLogprobTerms:
+    """log π(y_t) and named full-vocabulary terms of the same distribution at every response token, with gradient.
+
+    Each term is ``g(log_probs, index) -> values``: ``log_probs`` ``[m, V]`` of m response tokens (the sampling
+    distribution of ``temperature``/``top_k``/``top_p``; −inf outside its kept set), ``index`` ``[m]`` their flat
+    positions ``n·T + t`` in the ``[N, T]`` grid, ``values`` ``[m]``. The result's ``terms[name]`` is ``[N, T]``,
+    0 where ``response_mask`` is False, and its gradient flows into the model through the log-probs (an entropy
+    bonus, score centering's Σ_v c_v log π_v). A term must act token by token and deterministically; tensors it
+    closes over are constants. Chunked or direct as :func:`sequence_logprobs` (module docstring); the direct form
+    passes every position (padding included, then zeroed), the chunked one only the scored tokens.
+    """
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    N, T = batch.response_ids.shape
+    if T == 0:
+        empty = torch.zeros(N, 0, device=batch.response_ids.device)
+        return SequenceLogprobTerms(empty, {name: empty.clone() for name in terms})
+    scored = _score(model, batch, params=params, terms=dict(terms), return_hidden=False, share_prompts=share_prompts,
+                    chunk_elements=chunk_elements)  # fmt: skip
+    return SequenceLogprobTerms(scored.logp, scored.terms)
+
+
+_ENTROPY = "entropy"
+_SUM_P2 = "sum_p2"
+
+
+def _entropy_term(log_probs: Float[Tensor, "m V"], index: Tensor) -> Float[Tensor, " m"]:
+    """H = −Σ_v π_v log π_v (:func:`~steadyrl.rollout.distribution.entropy_from_log_probs`) as a vocabulary term."""
+    return entropy_from_log_probs(log_probs)
+
+
+def _sum_p2_term(log_probs: Float[Tensor, "m V"], index: Tensor) -> Float[Tensor, " m"]:
+    """Σ_v π_v² (:func:`~steadyrl.core.advantages.otb.sum_squared_probs`) as a vocabulary term."""
+    return sum_squared_probs(log_probs)
+
+
+class _Scored(NamedTuple):
+    logp: Float[Tensor, "N T"]
+    terms: dict[str, Float[Tensor, "N T"]]
+    hidden: Float[Tensor, "N T H"] | None
+
+
+def _score(
+    model: PreTrainedModel,
+    batch: TokenBatchLike,
+    *,
+    params: SamplingParams,
+    terms: dict[str, VocabTerm],
+    return_hidden: bool,
+    share_prompts: bool,
+    chunk_elements: int | None,
+) -> _Scored:
+    """log π(y_t), the ``terms`` and (``return_hidden``) the final hidden states, chunked or direct (T ≥ 1)."""
+    response_mask = batch.response_mask.bool()
+    share = share_prompts and not return_hidden
+    split = _split_output_layer(model, batch, chunk_elements)
+    if split is not None:
+        trunk, head, chunk = split
+        hidden = _shared_prompt_outputs(model, batch, trunk=trunk) if share else None
+        if hidden is None:
+            hidden = _one_pass_outputs(model, batch, trunk=trunk)
+        logp, values = _chunked_scores(hidden, head, batch, params=params, terms=terms, chunk=chunk)
+        kept = _masked_hidden(hidden, response_mask) if return_hidden else None
+        return _Scored(logp, values, kept)
+    shared = _shared_prompt_outputs(model, batch, trunk=None) if share else None
     if shared is not None:
-        log_probs, out = shared, None
+        log_probs, out = sampling_log_probs(shared, params=params), None
     else:
         log_probs, out = _response_log_probs(model, batch, params=params, return_hidden=return_hidden)
     logp = _masked(_token_logp(log_probs, batch), response_mask)
-    entropy = _masked(entropy_from_log_probs(log_probs), response_mask) if return_entropy else None
+    values = {name: _masked(_direct_term(name, fn, log_probs), response_mask) for name, fn in terms.items()}
+    hidden = None
     if return_hidden:
+        T = batch.response_ids.shape[1]
         last = out.hidden_states[-1][:, -(T + 1) : -1]  # the output layer's input at positions P−1 … P+T−2: [N, T, H]
-        hidden = torch.where(response_mask.unsqueeze(-1), last, torch.zeros_like(last))
-        return SequenceLogprobsHidden(logp, entropy, hidden)
-    return SequenceLogprobs(logp, entropy)
+        hidden = _masked_hidden(last, response_mask)
+    return _Scored(logp, values, hidden)
+
+
+def _direct_term(name: str, fn: VocabTerm, log_probs: Float[Tensor, "N T V"]) -> Float[Tensor, "N T"]:
+    """A vocabulary term on the direct form's ``[N, T, V]`` log-probs (entropy and Σπ² on the tensor as it is)."""
+    if fn is _entropy_term:
+        return entropy_from_log_probs(log_probs)
+    if fn is _sum_p2_term:
+        return sum_squared_probs(log_probs)
+    N, T, V = log_probs.shape
+    index = torch.arange(N * T, device=log_probs.device)
+    values = fn(log_probs.reshape(N * T, V), index)
+    if tuple(values.shape) != (N * T,):
+        raise ValueError(f"vocabulary term {name} returned shape {tuple(values.shape)}, expected {(N * T,)}")
+    return values.reshape(N, T)
+
+
+def _chunked_scores(
+    hidden: Float[Tensor, "N T H"],
+    head: nn.Linear,
+    batch: TokenBatchLike,
+    *,
+    params: SamplingParams,
+    terms: dict[str, VocabTerm],
+    chunk: int,
+) -> tuple[Float[Tensor, "N T"], dict[str, Float[Tensor, "N T"]]]:
+    """The chunked head on the scored tokens' hidden states, scattered back into ``[N, T]`` (0 elsewhere)."""
+    mask = batch.response_mask.bool()
+    index = torch.arange(mask.numel(), device=mask.device).view(mask.shape)[mask] if terms else None
+    out = chunked_log_probs(
+        hidden=hidden[mask],  # [M, H]: the scored tokens only (one host sync: M)
+        weight=head.weight,
+        bias=head.bias,
+        tokens=batch.response_ids[mask],
+        chunk_tokens=chunk,
+        log_probs=functools.partial(sampling_log_probs, params=params),
+        terms=terms,
+        token_index=index,
+    )
+    return _scatter(out.logp, mask), {name: _scatter(v, mask) for name, v in out.terms.items()}
+
+
+def _scatter(values: Float[Tensor, " M"], mask: Bool[Tensor, "N T"]) -> Float[Tensor, "N T"]:
+    """``values`` of the masked-in positions (row-major order) into an ``[N, T]`` grid of zeros (differentiable)."""
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+
+def _masked_hidden(last: Float[Tensor, "N T H"], response_mask: Tensor) -> Float[Tensor, "N T H"]:
+    return torch.where(response_mask.unsqueeze(-1), last, torch.zeros_like(last))
+
+
+def _split_output_layer(
+    model: PreTrainedModel, batch: TokenBatchLike, chunk_elements: int | None
+) -> tuple[nn.Module, nn.Linear, int] | None:
+    """(trunk, output layer, tokens per chunk) when the chunked head applies (module docstring), else None."""
+    budget = DEFAULT_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if not isinstance(head, nn.Linear):
+        return None
+    N, T = batch.response_ids.shape
+    if N * T * head.out_features <= budget:
+        return None  # fits: the direct form, unchanged
+    config = getattr(model, "config", None)
+    if (
+        not isinstance(model, PreTrainedModel)
+        or getattr(config, "model_type", None) not in SPLITTABLE_MODEL_TYPES
+        or any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_POSTPROCESSING)
+        or torch._C._are_functorch_transforms_active()
+    ):
+        return None
+    trunk = model.get_decoder()
+    if trunk is model or not isinstance(trunk, nn.Module):
+        return None
+    if _hooked(model) or _hooked(head) or not _fp32_head(head, batch.response_ids.device):
+        return None
+    return trunk, head, chunk_tokens_for(vocab_size=head.out_features, chunk_elements=budget)
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether bypassing ``module``'s call would skip something: forward hooks (its own or global), a patched
+    ``forward`` on the instance."""
+    from torch.nn.modules import module as module_mod
+
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module_mod._global_forward_hooks
+        or module_mod._global_forward_pre_hooks
+        or "forward" in vars(module)
+    )
+
+
+def _fp32_head(head: nn.Linear, device: torch.device) -> bool:
+    """Whether ``head`` computes ``x Wᵀ + b`` in ``promote(x.dtype, float32)`` as the chunked head does: the float32
+    output layer of :mod:`steadyrl.train.device`, or a plain ``nn.Linear`` in float32/float64 outside autocast."""
+    device_mod = sys.modules.get("steadyrl.train.device")  # no import: rollout does not depend on train
+    if device_mod is not None and type(head) is device_mod.Float32OutputLinear:
+        return True
+    return (
+        type(head) is nn.Linear
+        and head.weight.dtype in (torch.float32, torch.float64)
+        and not torch.is_autocast_enabled(device.type)
+    )
 
 
 def _response_log_probs(
@@ -134,19 +368,35 @@ def _response_log_probs(
     return sampling_log_probs(logits, params=params), out
 
 
+def _one_pass_outputs(model: PreTrainedModel, batch: TokenBatchLike, *, trunk: nn.Module) -> Float[Tensor, "N T H"]:
+    """The trunk's final hidden states at the positions predicting the response tokens [N, T, H]: the one forward of
+    :func:`_response_log_probs` without the output layer."""
+    T = batch.response_ids.shape[1]
+    mask = attention_mask(batch)
+    out = trunk(
+        input_ids=torch.cat([batch.prompt_ids, batch.response_ids], dim=-1),
+        attention_mask=mask.long(),
+        position_ids=positions_from_mask(mask),
+        use_cache=False,
+    )
+    return out.last_hidden_state[:, -(T + 1) : -1]  # position P−1+t predicts response token t
+
+
 def _checkpointing(model: PreTrainedModel) -> bool:
     """Whether transformers' gradient (activation) checkpointing is on (its attribute was renamed in 5.x)."""
     new = "is_activation_checkpointing"
     return bool(getattr(model, new if hasattr(type(model), new) else "is_gradient_checkpointing", False))
 
 
-def _shared_prompt_log_probs(
-    model: PreTrainedModel, batch: TokenBatchLike, *, params: SamplingParams
-) -> Float[Tensor, "N T V"] | None:
-    """:func:`_response_log_probs` with each distinct prompt forwarded once; None when no two rows share one.
+def _shared_prompt_outputs(
+    model: PreTrainedModel, batch: TokenBatchLike, *, trunk: nn.Module | None
+) -> Float[Tensor, "N T X"] | None:
+    """The outputs of :func:`_response_log_probs`'s forward with each distinct prompt forwarded once: the logits
+    ``[N, T, V]`` (``trunk`` None: the whole model) or the trunk's final hidden states ``[N, T, H]`` (the chunked
+    head's input); None when no two rows share a prompt.
 
-    1. The U distinct (prompt ids, prompt mask) rows are forwarded once, with a KV cache, keeping the last logits
-       (which predict response token 0);
+    1. The U distinct (prompt ids, prompt mask) rows are forwarded once, with a KV cache, keeping the last position
+       (which predicts response token 0);
     2. the cache is indexed back to the N rows (``batch_select_indices``: an indexing op, so the gradient of every
        row flows into its prompt's keys and values);
     3. the responses are forwarded against it, with the rollout's attention mask and positions over
@@ -166,31 +416,37 @@ def _shared_prompt_log_probs(
     rows = torch.arange(key.shape[0], device=key.device)
     first = torch.zeros(unique.shape[0], dtype=torch.long, device=key.device).scatter_(0, inverse, rows)  # one row each
     p_ids, p_mask = batch.prompt_ids[first], batch.prompt_mask.bool()[first]
+    module = model if trunk is None else trunk
+
+    def forward(keep: int, **kwargs: Any) -> Tensor:  # the last ``keep`` positions' logits or hidden states
+        if trunk is None:
+            return model(**kwargs, logits_to_keep=keep).logits
+        return trunk(**kwargs).last_hidden_state[:, -keep:]
+
     cache = DynamicCache(config=model.config)
-    prefill = model(
+    prefill = forward(
+        1,
         input_ids=p_ids,
         attention_mask=p_mask.long(),
         position_ids=positions_from_mask(p_mask),
         use_cache=True,
-        logits_to_keep=1,
-        **{cache_kwarg(model): cache},
+        **{cache_kwarg(module): cache},
     )
-    first_logits = prefill.logits[inverse, -1:]  # [N, 1, V]: predicts response token 0
+    first_out = prefill[inverse, -1:]  # [N, 1, ·]: predicts response token 0
     T = batch.response_ids.shape[1]
     if T == 1:
-        return sampling_log_probs(first_logits, params=params)
+        return first_out
     cache.batch_select_indices(inverse)
     mask = attention_mask(batch)[:, : P + T - 1]  # tokens 0..T−2 are inputs; the last is only predicted
-    out = model(
+    out = forward(
+        T - 1,
         input_ids=batch.response_ids[:, : T - 1],
         attention_mask=mask.long(),
         position_ids=positions_from_mask(mask)[:, P:],
         use_cache=True,
-        logits_to_keep=T - 1,
-        **{cache_kwarg(model): cache},
+        **{cache_kwarg(module): cache},
     )
-    logits = torch.cat([first_logits, out.logits], dim=1)  # position P−1+t predicts response token t: [N, T, V]
-    return sampling_log_probs(logits, params=params)
+    return torch.cat([first_out, out], dim=1)  # position P−1+t predicts response token t: [N, T, ·]
 
 
 def _token_logp(log_probs: Float[Tensor, "N T V"], batch: TokenBatchLike) -> Float[Tensor, "N T"]:
@@ -212,22 +468,27 @@ class ProximalLogprobs(NamedTuple):
 
 
 def proximal_logprobs(
-    model: PreTrainedModel, batch: TokenBatchLike, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+    model: PreTrainedModel,
+    batch: TokenBatchLike,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    chunk_elements: int | None = None,
 ) -> ProximalLogprobs:
     """log π(y_t) and Σ_v π_v² at every response token from one forward (call under ``torch.no_grad``).
 
     Σ_v π_v² is OTB's (arXiv 2602.07078; verl ``sum_pi_squared``) of the distribution the tokens are scored under
     (``temperature``, ``top_k``, ``top_p`` as in :func:`sequence_logprobs`), computed in log space by
     :func:`steadyrl.core.advantages.otb.sum_squared_probs` on the normalized log-probs (shift invariance: the same
-    value as on the logits). Confidence: [reference-code].
+    value as on the logits); in vocabulary chunks past ``chunk_elements`` as :func:`sequence_logprobs`.
+    Confidence: [reference-code].
     """
     N, T = batch.response_ids.shape
     if T == 0:
         empty = torch.zeros(N, 0, device=batch.response_ids.device)
         return ProximalLogprobs(empty, empty.clone())
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    log_probs, _ = _response_log_probs(model, batch, params=params)
-    response_mask = batch.response_mask.bool()
-    token_logp = _token_logp(log_probs, batch)
-    sum_p2 = sum_squared_probs(log_probs).to(token_logp.dtype)
-    return ProximalLogprobs(_masked(token_logp, response_mask), _masked(sum_p2, response_mask))
+    scored = _score(model, batch, params=params, terms={_SUM_P2: _sum_p2_term}, return_hidden=False,
+                    share_prompts=False, chunk_elements=chunk_elements)  # fmt: skip
+    return ProximalLogprobs(scored.logp, scored.terms[_SUM_P2].to(scored.logp.dtype))
