@@ -249,7 +249,7 @@ def test_models_that_post_process_logits_keep_the_direct_form(spied, monkeypatch
 def test_float32_output_layer_is_chunked_in_float32(tokenizer: PreTrainedTokenizerFast, monkeypatch) -> None:
     """A placed model (``Float32OutputLinear``) under bf16 autocast: chunked, float32 log-probs close to the direct
     form's (the trunk runs in bf16 in both)."""
-    from steadyrl.train.device import Placement
+    from steadyrl.base.device import Placement
 
     model = Placement(torch.device("cpu"), "bf16-mixed").place(build_tiny_model(TEST_ARCH, tokenizer=tokenizer, seed=1))
     batch = make_batch(model, tokenizer)

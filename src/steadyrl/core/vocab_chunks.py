@@ -29,7 +29,7 @@ recomputed does not depend on the autograd engine's scheduling, and outputs whos
 that is only logged) are never recomputed in the backward.
 
 Precision: the logits are computed in float32, or float64 when ``hidden`` is float64 (``torch.promote_types(hidden,
-float32)``), with autocast off: the float32 output layer of :mod:`steadyrl.train.device`. ``W`` and ``b`` are cast to
+float32)``), with autocast off: the float32 output layer of :mod:`steadyrl.base.device`. ``W`` and ``b`` are cast to
 that dtype once per pass, which is no copy when they already have it. ``logp`` and the terms come back in the compute
 dtype.
 

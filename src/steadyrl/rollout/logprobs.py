@@ -26,7 +26,7 @@ test_vocab_chunks.py``); the gather of the scored tokens costs one host sync per
 form runs, unchanged (bit-identical results on small vocabularies). The direct form is also used wherever the split
 is not known to be the same function: a model whose type is not in :data:`SPLITTABLE_MODEL_TYPES` or whose config
 post-processes logits (``final_logit_softcapping``, ``logit_scale``, ``logits_scaling``), an output layer that is
-not a plain ``nn.Linear`` / :class:`~steadyrl.train.device.Float32OutputLinear` (LoRA on the head, a tied custom
+not a plain ``nn.Linear`` / :class:`~steadyrl.base.device.Float32OutputLinear` (LoRA on the head, a tied custom
 module) or a plain ``nn.Linear`` that would run in low precision (a weight not in float32/float64, or under
 autocast), a model or head with forward hooks or a patched ``forward`` (the ghost gradient-norm pass of
 :mod:`steadyrl.train.grad_norms` records the output layer's call; accelerate's device hooks), and under ``torch.func``
@@ -41,7 +41,6 @@ Confidence: [exact] (a forward pass; the distribution is that of :mod:`steadyrl.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, overload
 
@@ -50,6 +49,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 
+from steadyrl.base.device import Float32OutputLinear
 from steadyrl.core.advantages.otb import sum_squared_probs
 from steadyrl.core.vocab_chunks import DEFAULT_CHUNK_ELEMENTS, VocabTerm, chunk_tokens_for, chunked_log_probs
 from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
@@ -336,9 +336,8 @@ def _hooked(module: nn.Module) -> bool:
 
 def _fp32_head(head: nn.Linear, device: torch.device) -> bool:
     """Whether ``head`` computes ``x Wᵀ + b`` in ``promote(x.dtype, float32)`` as the chunked head does: the float32
-    output layer of :mod:`steadyrl.train.device`, or a plain ``nn.Linear`` in float32/float64 outside autocast."""
-    device_mod = sys.modules.get("steadyrl.train.device")  # no import: rollout does not depend on train
-    if device_mod is not None and type(head) is device_mod.Float32OutputLinear:
+    output layer of :mod:`steadyrl.base.device`, or a plain ``nn.Linear`` in float32/float64 outside autocast."""
+    if type(head) is Float32OutputLinear:
         return True
     return (
         type(head) is nn.Linear
