@@ -14,8 +14,9 @@ check").
 4. The items of :data:`ITEMS`, each PASS or FAIL by a rule that can fail (:func:`run_items`): training raises the
    accuracy; a resume continues exactly (the steps after ``resume=true`` equal an uninterrupted run's); the collapse
    guard's rollback restores the weights bit for bit and the next step runs; VCPO (the fused norm pass), GAC,
-   ``precision=bf16`` train; the adapters' step control runs ``seq_tis+ess_lr`` and ``seq_tis+gac`` on the device
-   behind a stand-in trainer. The exit status is non-zero when any item fails.
+   ``precision=bf16`` train; ``runtime.mode=local`` trains with its sampler process beside the learner on its
+   device (``runtime.sampler_device=learner``); the adapters' step control runs ``seq_tis+ess_lr`` and
+   ``seq_tis+gac`` on the device behind a stand-in trainer. The exit status is non-zero when any item fails.
 
 Run it through ``bash benchmarks/gpu_check.sh`` on a machine with only torch/transformers/accelerate/numpy (it
 installs the rest from wheels first), or directly where steadyrl is installed:
@@ -58,7 +59,7 @@ PRECISION = "bf16-mixed"
 #: Seed of the model's initialization, the warm start and the RL run.
 SEED = 0
 #: The PASS/FAIL items, in the order they run (:func:`run_items`).
-ITEMS = ("train", "resume", "rollback", "vcpo", "gac", "bf16", "adapter_ess_lr", "adapter_gac")
+ITEMS = ("train", "resume", "rollback", "vcpo", "gac", "bf16", "local_sampler", "adapter_ess_lr", "adapter_gac")
 
 
 @dataclass(frozen=True)
@@ -499,6 +500,8 @@ def run_items(fields: Mapping[str, Any], *, size: Size, device: str, model_dir: 
                                  check="grad/fused"),  # the fused norm pass (the main run micro-batches)
         "gac": lambda: item_run("gac", size, **common, extra=["method=seq_tis+gac"], check="gac/cos"),
         "bf16": lambda: item_run("bf16", size, **common, extra=["precision=bf16"]),
+        "local_sampler": lambda: item_run("local_sampler", size, **common, extra=[
+            "runtime.mode=local", "lag=0", "runtime.sampler_device=learner", "runtime.threads=1"]),
         "adapter_ess_lr": lambda: item_adapter("adapter_ess_lr", "seq_tis+ess_lr", model_dir=model_dir,
                                                placement=placement),
         "adapter_gac": lambda: item_adapter("adapter_gac", "seq_tis+gac", model_dir=model_dir, placement=placement),

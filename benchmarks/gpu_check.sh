@@ -83,4 +83,15 @@ if [ "${1:-}" = "--fetch" ]; then
 fi
 install_wheels
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# the carried transformers must be the one imported (the image's own is older than steadyrl needs)
+"$py" - <<'PY' || exit 2
+import sys
+import torch, transformers
+print(f"[gpu_check] python {sys.version.split()[0]}, torch {torch.__version__} ({torch.__file__}), "
+      f"transformers {transformers.__version__} ({transformers.__file__})", file=sys.stderr)
+major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+if (major, minor) < (5, 19):
+    sys.exit(f"gpu_check.sh: transformers {transformers.__version__} is imported, steadyrl needs >= 5.19: the "
+             "carried wheel did not install (rerun --fetch)")
+PY
 exec "$py" "$root/benchmarks/gpu_check.py" "$@"

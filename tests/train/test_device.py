@@ -188,3 +188,16 @@ def test_gpu_slots_spread_children_and_share_with_a_warning(monkeypatch) -> None
     assert GpuSlots.env({"A": "1"}, "5") == {"A": "1", "CUDA_VISIBLE_DEVICES": "5"}
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert GpuSlots().acquire() is None
+
+
+def test_concurrent_samplers_go_where_runtime_sampler_device_says(monkeypatch) -> None:
+    from steadyrl.base.device import sampler_placement
+
+    learner = Placement(torch.device("cpu"), "bf16-mixed")
+    assert sampler_placement("cpu", learner=learner) == Placement(torch.device("cpu"), "fp32")  # the old default
+    assert sampler_placement("learner", learner=learner) is learner
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert sampler_placement("cuda:1", learner=learner) == Placement(torch.device("cuda:1"), "bf16-mixed")
+    with pytest.raises(DeviceError, match="2 GPU"):
+        sampler_placement("cuda:2", learner=learner)

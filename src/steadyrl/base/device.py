@@ -258,6 +258,17 @@ def fp32_output_layer(model: nn.Module) -> None:
         head.__class__ = Float32OutputLinear
 
 
+def sampler_placement(name: str, *, learner: Placement) -> Placement:
+    """Where a concurrent runtime's sampler generates (``runtime.sampler_device``): ``cpu`` (float32, whatever the
+    learner's precision), ``learner`` (the learner's placement), or ``auto``/``cuda``/``cuda:N`` in the learner's
+    precision."""
+    if name == "cpu":
+        return Placement(torch.device("cpu"), "fp32")
+    if name == "learner":
+        return learner
+    return Placement(resolve_device(name), learner.precision)
+
+
 def visible_gpus() -> list[str]:
     """The GPUs this process may hand to its children, as ``CUDA_VISIBLE_DEVICES`` entries: the entries of its own
     ``CUDA_VISIBLE_DEVICES`` when set (ids or UUIDs), else ``0 … torch.cuda.device_count() − 1``."""

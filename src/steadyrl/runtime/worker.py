@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from steadyrl.base.device import Placement, sampler_placement
 from steadyrl.base.seeding import derive_seed, generator
 from steadyrl.pool.records import GroupRecord
 from steadyrl.rollout.multiturn import ToolUse, score_final
@@ -108,8 +109,11 @@ def _sample_until_done(
     torch.set_num_threads(cfg.runtime.sampler_threads)
     task = build_task(cfg.task, tokenizer=spec.tokenizer)
     train_pool = task.problems("train", cfg.data.train_pool, seed=cfg.seed)
-    model = spec.model.eval().requires_grad_(False)
-    layout = FlatLayout(model)
+    placement = sampler_placement(cfg.runtime.sampler_device, learner=Placement.from_names(cfg.device, cfg.precision))
+    if placement.device.type == "cuda":
+        torch.cuda.set_device(placement.device)
+    layout = FlatLayout(spec.model)  # the learner's layout (one dtype); loads cast to each sampler parameter's own
+    model = placement.sampler_copy(placement.place(spec.model))
     G, s = cfg.group_size, cfg.sampling
     chunk = cfg.runtime.resolved_sampler_batch(cfg.prompts_per_step)
     inflight = cfg.runtime.inflight and not cfg.runtime.sync
@@ -135,12 +139,13 @@ def _sample_until_done(
         problems = [train_pool[i] for i in idx]
         sample_kw: dict[str, Any] = dict(
             group_size=G, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-            generator=generator(cfg.seed, "sample", ids[0], spec.index, spec.incarnation), version=version,
+            generator=generator(cfg.seed, "sample", ids[0], spec.index, spec.incarnation, device=placement.device),
+            version=version,
             record_entropy=spec.record_entropy, before_forward=before_forward,
         )  # fmt: skip
         prompts = [p.prompt for p in problems]
         counts: RowMetrics | None = None
-        with torch.no_grad():
+        with torch.no_grad(), placement.autocast():
             if engine is not None and engine.version != version:  # one vLLM call, one set of weights (no in-flight)
                 engine.update_weights(model, version=version)
             if engine is not None and tools is not None:  # multi-turn with vLLM; the last model turn is scored
@@ -163,6 +168,7 @@ def _sample_until_done(
                 out = tools.generate(model, spec.tokenizer, prompts, **sample_kw)
                 rollouts, rewards, counts = out.rollouts, score_final(task, problems, out), out.row_metrics
         done = time.time()
+        rollouts, rewards = rollouts.to("cpu"), rewards.cpu()  # records travel through CPU memory
         records = [
             GroupRecord(
                 group_id=g,

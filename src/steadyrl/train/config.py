@@ -235,6 +235,10 @@ class RuntimeConfig(_Section):
                                 "step 13 (docs/results.md, Reproducibility). false: torch's defaults.")
     samplers: int = Field(1, ge=1, le=1024, description="local/ray: number of sampler processes (actors).")
     sampler_threads: int = Field(1, ge=1, le=1024, description="local/ray: torch CPU threads of each sampler.")
+    sampler_device: str = Field("cpu", pattern=r"^(cpu|learner|auto|cuda|cuda:\d+)$", description="local/ray: where "
+                                "each sampler generates: cpu (float32), learner (the learner's device and "
+                                "precision), auto, cuda or cuda:N (the learner's precision; under bf16-mixed the "
+                                "sampler's linear layers hold bfloat16 weights).")
     sampler_batch: int = Field(0, ge=0, le=MAX_BATCH, description="local/ray: groups (prompts) a sampler generates "
                                "per call (0: prompts_per_step / samplers, at least 1).")
     sync: bool = Field(False, description="local/ray: synchronous mode in the same runtime: samplers generate step "
