@@ -230,7 +230,7 @@ class ConcurrentSource(ABC):
         spec = SamplerSpec(
             cfg=self.cfg,
             index=i,
-            model=copy.deepcopy(self.model).requires_grad_(False).to("cpu", torch.float32),  # samplers: CPU fp32
+            model=copy.deepcopy(self.model).requires_grad_(False).to("cpu", torch.float32),  # placed by the sampler
             tokenizer=self.tokenizer,
             incarnation=self.incarnations[i],
             redo=redo,
