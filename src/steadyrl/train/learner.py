@@ -47,7 +47,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from steadyrl.base.device import Placement, to_device
+from steadyrl.base.device import Placement, host_values, to_device
 from steadyrl.control.base import SKIP_STEP, Controller, grad_parts, parts_like
 from steadyrl.core.gac import grad_cosine
 from steadyrl.methods import compute_loss
@@ -340,31 +340,33 @@ class Learner:
     def _loss(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], logp: Tensor,
         norms: Tensor | None, hidden: Tensor | None,
-    ) -> tuple[Tensor, Mapping[str, Tensor], dict[str, float]]:  # fmt: skip
-        """The method's loss on the batch (plus COPC's value loss), its raw metrics and the step's float metrics."""
+    ) -> tuple[Tensor, Mapping[str, Tensor], dict[str, Tensor]]:  # fmt: skip
+        """The method's loss on the batch (plus COPC's value loss), its raw metrics and the step's metrics, all
+        detached tensors (read to the host once, in :meth:`_optimizer_step`)."""
         batch = self._batch(sub, rewards, extras, logp, norms)
         critic = None
         if self.critic is not None and hidden is not None:  # V(s_t) joins the batch (detached), L_V the loss
             critic = self.critic.terms(method=self.method, batch=batch, hidden=hidden)
             batch["values"] = critic.values
         loss, loss_metrics = compute_loss(self.method, batch)
-        metrics = {k: float(v) for k, v in loss_metrics.items()}
+        metrics = {k: v.detach() for k, v in loss_metrics.items()}
         if critic is not None:
-            metrics |= {k: float(v) for k, v in critic.metrics.items()}
+            metrics |= {k: v.detach() for k, v in critic.metrics.items()}
         if norms is not None:
-            metrics["grad/per_traj_norm_mean"] = float(norms.clamp(min=0).sqrt().mean())  # mean_i ‖∇θ log π(y_i)‖
+            metrics["grad/per_traj_norm_mean"] = norms.detach().clamp(min=0).sqrt().mean()  # mean_i ‖∇θ log π(y_i)‖
             if "adv/baseline_mean" in metrics:
                 metrics["vcpo/baseline_mean"] = metrics["adv/baseline_mean"]
-        metrics["loss"] = float(loss.detach())
-        metrics["train/skipped"] = 0.0
+        metrics["loss"] = loss.detach()
         if critic is not None:  # one backward for actor and critic; a non-finite value loss skips the step too
             loss = loss + critic.loss
         return loss, loss_metrics, metrics
 
     def _full_backward(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None]
-    ) -> tuple[Mapping[str, Tensor], dict[str, float], float]:
-        """One forward with grad over the whole (mini)batch and its backward; returns metrics and the loss value."""
+    ) -> tuple[Mapping[str, Tensor], dict[str, Tensor], dict[str, float], Tensor]:
+        """One forward with grad over the whole (mini)batch and its backward (also for a non-finite loss: the step
+        is then skipped, and nothing was read to the host to find out sooner); returns the loss's metrics, the
+        step's tensor metrics, its host-side metrics and the loss."""
         hidden = None
         with self._forward_context(grad=True):
             if self.critic is None:
@@ -372,18 +374,17 @@ class Learner:
             else:  # COPC: logp and the final hidden states from one forward (no OPOB norms: one advantage)
                 logp, _, hidden = sequence_logprobs(self.model, sub, temperature=self.temperature, return_hidden=True)
                 norms, ghost = None, None
+        host: dict[str, float] = {}
         try:
             loss, loss_metrics, metrics = self._loss(sub, rewards, extras, logp, norms, hidden)
-            loss_value = float(loss.detach())
-            if math.isfinite(loss_value):
-                if ghost is None:
-                    loss.backward()
-                else:
-                    metrics["grad/fused"] = float(self._fused_backward(ghost, loss, logp, sub.response_mask))
+            if ghost is None:
+                loss.backward()
+            else:
+                host["grad/fused"] = float(self._fused_backward(ghost, loss, logp, sub.response_mask))
         finally:
             if ghost is not None:
                 ghost.close()
-        return loss_metrics, metrics, loss_value
+        return loss_metrics, metrics, host, loss.detach()
 
     def _micro_values(
         self, sub: Rollouts, plan: Sequence[Tensor], extras: Mapping[str, Tensor | None]
@@ -426,21 +427,19 @@ class Learner:
 
     def _micro_backward(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], plan: Sequence[Tensor]
-    ) -> tuple[Mapping[str, Tensor], dict[str, float], float]:
+    ) -> tuple[Mapping[str, Tensor], dict[str, Tensor], dict[str, float], Tensor]:
         """Steps 2–3 of :mod:`steadyrl.train.microbatch`: the full-batch loss on leaf log-probs, then per
-        micro-batch ``backward(∂L/∂logp)`` (and ∂L/∂hidden for a critic that trains the trunk)."""
+        micro-batch ``backward(∂L/∂logp)`` (and ∂L/∂hidden for a critic that trains the trunk); returns as
+        :meth:`_full_backward`."""
         logp_values, norms, hidden_values = self._micro_values(sub, plan, extras)
         logp = logp_values.requires_grad_()
         hidden = None if hidden_values is None else hidden_values.requires_grad_()
         loss, loss_metrics, metrics = self._loss(sub, rewards, extras, logp, norms, hidden)
-        metrics["train/microbatches"] = float(len(plan))
-        loss_value = float(loss.detach())
-        if not math.isfinite(loss_value):
-            return loss_metrics, metrics, loss_value
+        host = {"train/microbatches": float(len(plan))}
         loss.backward()  # ∂L/∂logp, ∂L/∂hidden into the leaves; the critic head's own gradient into .grad
         a, gh = logp.grad, None if hidden is None else hidden.grad
         if a is None and gh is None:
-            return loss_metrics, metrics, loss_value
+            return loss_metrics, metrics, host, loss.detach()
         for rows in plan:
             mb = sub.select(rows)
             width = mb.response_ids.shape[1]
@@ -455,11 +454,14 @@ class Learner:
                 tensors.append(out.hidden)  # type: ignore[union-attr]
                 grads.append(take_rows(gh, rows, width).to(out.hidden.dtype))  # type: ignore[union-attr]
             torch.autograd.backward(tensors, grads)
-        return loss_metrics, metrics, loss_value
+        return loss_metrics, metrics, host, loss.detach()
 
     def _optimizer_step(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None]
     ) -> tuple[dict[str, float], str | None]:
+        """One optimizer step, with two reads to the host (three with VCPO's ESS step size, which sets a Python lr):
+        the loss and the gradient norm (whether to go on), then every metric with the post-clip norm and the
+        controllers' decision (whether to step)."""
         lr = self.scheduled_lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -468,25 +470,25 @@ class Learner:
             self.critic.zero_grad()
         plan = self._plan(sub)
         if plan is None:
-            loss_metrics, metrics, loss_value = self._full_backward(sub, rewards, extras)
+            loss_metrics, tensors, metrics, loss = self._full_backward(sub, rewards, extras)
         else:
-            loss_metrics, metrics, loss_value = self._micro_backward(sub, rewards, extras, plan)
-        if not math.isfinite(loss_value):
-            metrics["train/skipped"] = 1.0
-            metrics["lr"] = lr
+            loss_metrics, tensors, metrics, loss = self._micro_backward(sub, rewards, extras, plan)
+        metrics["train/skipped"] = 0.0
+        grad = grad_parts(self.params)
+        loss_value, norm = host_values([loss, torch.nn.utils.get_total_norm(grad)])  # ‖g‖ before controllers
+        if not (math.isfinite(loss_value) and math.isfinite(norm)):
+            metrics |= _read(tensors)
+            metrics |= {"train/skipped": 1.0, "lr": lr}
+            if math.isfinite(loss_value):
+                metrics["grad/norm"] = norm
             if self.critic is not None:
                 self.critic.zero_grad()
-            return metrics, self._skip(f"loss is {loss_value}")
-        grad = grad_parts(self.params)
-        norm = float(torch.nn.utils.get_total_norm(grad))  # ‖g‖ before controllers and clipping
+            return metrics, self._skip(f"loss is {loss_value}" if not math.isfinite(loss_value) else
+                                       f"gradient norm is {norm}")  # fmt: skip
         metrics["grad/norm"] = norm
-        if not math.isfinite(norm):
-            metrics["train/skipped"] = 1.0
-            metrics["lr"] = lr
-            return metrics, self._skip(f"gradient norm is {norm}")
         prev = self.prev_grad  # before the controllers: GAC replaces its copy in before_step
         # cos(g_t, g_{t−1}) per parameter (no flat copy); 0 at the first step
-        metrics["grad/cos_prev"] = float(grad_cosine(a=grad, b=prev)) if prev is not None else 0.0
+        tensors["grad/cos_prev"] = grad_cosine(a=grad, b=prev) if prev is not None else loss.new_zeros(())
         if self._prev_keeper is None:
             self._prev_grad = [g.detach().clone() for g in grad]
         reason = None
@@ -494,29 +496,39 @@ class Learner:
             control: dict[str, Tensor] = {}
             for controller in self.controllers:
                 control |= controller.before_step(optimizer=self.optimizer, params=self.params, metrics=loss_metrics)
-            metrics |= {k: float(v) for k, v in control.items()}
-            metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])  # effective lr of this step
-            if float(control.get(SKIP_STEP, 0.0)) != 0.0:
+            metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])  # effective lr of this step (a Python float)
+            grads = [p.grad for p in self.params if p.grad is not None]
+            if self.optim_cfg.grad_clip is not None:  # its total norm is also the finiteness check below
+                total = torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.grad_clip)
+            else:
+                total = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+            values = _read({**tensors, **control, _TOTAL: total})  # the step's one read of its metrics
+            total_value = values.pop(_TOTAL)
+            metrics |= values
+            if values.get(SKIP_STEP, 0.0) != 0.0:
                 reason = "a controller asked to skip"
                 self.optimizer.zero_grad(set_to_none=True)
+            elif not math.isfinite(total_value):  # a NaN or inf element makes the norm non-finite
+                metrics["train/skipped"] = 1.0
+                reason = self._skip("gradient is not finite after the controllers")
+            elif not math.isfinite(metrics["lr"]):
+                metrics["train/skipped"] = 1.0
+                reason = self._skip(f"learning rate is {metrics['lr']}")
             else:
-                grads = [p.grad for p in self.params if p.grad is not None]
-                if self.optim_cfg.grad_clip is not None:  # its total norm is also the finiteness check below
-                    total = torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.grad_clip)
-                else:
-                    total = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-                if not math.isfinite(float(total)):  # a NaN or inf element makes the norm non-finite
-                    metrics["train/skipped"] = 1.0
-                    reason = self._skip("gradient is not finite after the controllers")
-                elif not math.isfinite(metrics["lr"]):
-                    metrics["train/skipped"] = 1.0
-                    reason = self._skip(f"learning rate is {metrics['lr']}")
-                else:
-                    self.optimizer.step()
-                    if self.critic is not None:
-                        self.critic.step()
-                    self.version += 1
+                self.optimizer.step()
+                if self.critic is not None:
+                    self.critic.step()
+                self.version += 1
         finally:
             for controller in self.controllers:
                 controller.after_step(optimizer=self.optimizer)
         return metrics, reason
+
+
+#: Key of the post-clip gradient norm in the step's read (not a metric).
+_TOTAL = "__total_norm"
+
+
+def _read(tensors: Mapping[str, Tensor]) -> dict[str, float]:
+    """Scalar tensors as Python floats, in one read to the host (:func:`steadyrl.base.device.host_values`)."""
+    return dict(zip(tensors, host_values(tensors.values()), strict=True))
