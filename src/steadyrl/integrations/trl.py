@@ -246,7 +246,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
             model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss=self.aux_loss_enabled,
             **multimodal,
         )  # fmt: skip
-        loss, metrics = compute_loss(self.steadyrl_method, self.steadyrl_batch(model, inputs, logp))
+        loss, metrics = compute_loss(self.steadyrl_method, self.steadyrl_batch(model, inputs, logp), validate=False)
         mode = "train" if self.model.training else "eval"
         self._log_steadyrl(metrics, mode)
         if mode == "train":
