@@ -55,7 +55,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from steadyrl.integrations._framework import missing_framework, warn_if_untested
+from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
 from steadyrl.integrations.step_control import StepControl
 from steadyrl.methods import MethodSpec, compute_loss, required_inputs, resolve_method
 from steadyrl.rollout.rollouts import TokenBatch
@@ -67,7 +67,7 @@ TRL_VERSION = "1.16.0"
 try:
     from trl import GRPOTrainer as _TRLGRPOTrainer
 except ImportError as _err:  # one line saying what to install
-    raise missing_framework("trl", "TRL", f"pip install trl=={TRL_VERSION}") from _err
+    raise missing_framework("trl", "TRL", install_hint("trl", "trl", TRL_VERSION, pin_file=False)) from _err
 
 warn_if_untested("trl", "trl", TRL_VERSION)
 
