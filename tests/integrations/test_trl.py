@@ -300,7 +300,7 @@ def test_missing_trl_is_a_one_line_error() -> None:
         "try:\n    import steadyrl.integrations.trl\nexcept ImportError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
-    assert out == "steadyrl.integrations.trl needs TRL: pip install trl==1.16.0"
+    assert out == "steadyrl.integrations.trl needs TRL: pip install 'steadyrl[trl]' (tested with trl==1.16.0)"
 
 
 def test_per_trajectory_norms_refuse_sharded_weights() -> None:

@@ -381,6 +381,6 @@ def test_import_steadyrl_imports_no_verl_and_a_missing_verl_says_what_to_install
     with warnings.catch_warnings():
         out = _run(code)
     assert out == (
-        "steadyrl.integrations.verl needs verl: pip install --no-deps -r requirements/integrations/verl.txt"
-        " (verl==0.9.1)"
+        "steadyrl.integrations.verl needs verl: pip install 'steadyrl[verl]' (tested with verl==0.9.1;"
+        " in a checkout: pip install --no-deps -r requirements/integrations/verl.txt)"
     )

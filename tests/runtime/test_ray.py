@@ -24,7 +24,7 @@ from tests.runtime.concurrent_harness import Hooked, run_with, steps_of
 
 pytestmark = pytest.mark.timeout(300)
 RAY = ["lag=0", "runtime.mode=ray", "runtime.samplers=1", "eval.every=0", "checkpoint.every=3", "log.plot=false"]
-NO_RAY = "Ray is not installed (pip install -r requirements/ray.txt)"
+NO_RAY = "Ray is not installed (pip install 'steadyrl[ray]')"
 P = 16  # prompts_per_step of tiny_overrides
 
 
@@ -45,7 +45,8 @@ def run(tiny: list[str], out: Path, *extra: str, hook: Any = None, stop: StopFla
 def test_without_ray_the_error_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     monkeypatch.delitem(sys.modules, "steadyrl.runtime.ray", raising=False)
-    with pytest.raises(ImportError, match=r"^runtime\.mode=ray needs Ray: pip install -r requirements/ray\.txt$"):
+    line = r"^runtime\.mode=ray needs Ray: pip install 'steadyrl\[ray\]' \(the tested pins: requirements/ray\.txt\)$"
+    with pytest.raises(ImportError, match=line):
         importlib.import_module("steadyrl.runtime.ray")
 
 

@@ -95,9 +95,9 @@ def test_the_learner_sees_fp32_log_probs_under_bf16_mixed(method: str, monkeypat
     seen: list[dict[str, torch.dtype]] = []
     real = learner_module.compute_loss
 
-    def spy(spec, batch):  # type: ignore[no-untyped-def]
+    def spy(spec, batch, **kwargs):  # type: ignore[no-untyped-def]
         seen.append({k: batch[k].dtype for k in ("logp", "behav_logp", "prox_logp") if k in batch})
-        return real(spec, batch)
+        return real(spec, batch, **kwargs)
 
     monkeypatch.setattr(learner_module, "compute_loss", spy)
     spec = resolve_method(method)

@@ -269,7 +269,7 @@ def test_invalid_arguments(tokenizer: PreTrainedTokenizerFast) -> None:
 
 def test_rms_norm_fast_path_is_taken_and_equals_the_per_row_vjp(tokenizer, monkeypatch) -> None:
     """RMSNorm scales: one batched vjp with a per-sample copy of the weight = the generic per-row vjp, exactly."""
-    from steadyrl.train import grad_norms as gn
+    from steadyrl.core import grad_norms as gn
 
     taken: list[bool] = []
     fast = gn._rms_norm_per_sample

@@ -115,9 +115,10 @@ def test_vcpo_gets_per_trajectory_gradient_norms_at_the_current_weights(model, b
     rollouts, rewards = batch
     seen: dict[str, torch.Tensor] = {}
 
-    def spy(method, batch):
+    def spy(method, batch, **kwargs):
+        assert kwargs == {"validate": False}  # the learner's tensors are its own: no input checks, no host sync
         seen["grad_sq_norms"] = batch["grad_sq_norms"]
-        return compute_loss(method, batch)
+        return compute_loss(method, batch, **kwargs)
 
     monkeypatch.setattr(learner_module, "compute_loss", spy)
     learner = _learner(model, method="vcpo")
@@ -206,9 +207,9 @@ def test_otb_gets_sum_p2_of_the_proximal_policy(model, batch, monkeypatch, updat
     rollouts, rewards = batch
     seen: list[dict[str, torch.Tensor]] = []
 
-    def spy(method, batch):
+    def spy(method, batch, **kwargs):
         seen.append({k: batch[k] for k in ("sum_p2", "logp", "mask")} | {"prox": batch.get("prox_logp")})
-        return compute_loss(method, batch)
+        return compute_loss(method, batch, **kwargs)
 
     with torch.no_grad():  # reference: each row alone, unpadded, in float64
         want = torch.zeros(rollouts.response_ids.shape, dtype=torch.float64)
@@ -274,9 +275,9 @@ def test_a3po_never_runs_the_recompute_pass_and_interpolates_prox(model, batch, 
     rollouts, rewards = batch
     seen: list[dict] = []
 
-    def spy(method, batch):
+    def spy(method, batch, **kwargs):
         seen.append({"prox": batch.get("prox_logp"), "versions": batch["versions"], "v": batch["learner_version"]})
-        return compute_loss(method, batch)
+        return compute_loss(method, batch, **kwargs)
 
     no_grad_calls: list[int] = []
     monkeypatch.setattr(learner_module, "compute_loss", spy)

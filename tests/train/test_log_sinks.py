@@ -87,7 +87,7 @@ def test_a_missing_tracker_package_is_one_line_naming_the_install(flag: str, tmp
     assert main([f"out_dir={tmp_path / 'run'}", flag]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{flag} needs the {module} package" in err
-    assert "requirements/logging.txt" in err
+    assert f"pip install 'steadyrl[{module}]'" in err and "requirements/logging.txt" in err
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 

@@ -57,9 +57,9 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> _Seen:
         record.rollouts.append(rollouts)
         return step(self, rollouts, rewards)
 
-    def spy_loss(method: Any, batch: dict) -> Any:
+    def spy_loss(method: Any, batch: dict, **kwargs: Any) -> Any:
         record.masks.append(batch["mask"].clone())
-        return loss(method, batch)
+        return loss(method, batch, **kwargs)
 
     monkeypatch.setattr(learner_module.Learner, "step", spy_step)
     monkeypatch.setattr(learner_module, "compute_loss", spy_loss)

@@ -77,11 +77,19 @@ class Controller(Protocol):
         ...
 
 
-def build_controllers(method: MethodSpec) -> list[Controller]:
-    """The controllers of ``method``, in the order its spec lists them."""
+def build_controllers(method: str | MethodSpec, overrides: Mapping[str, Any] | None = None) -> list[Controller]:
+    """The controllers of ``method``, in the order its spec lists them.
+
+    ``method``: a preset name (``"vcpo"``), a composition (``"seq_tis+gac"``) or a resolved :class:`MethodSpec`;
+    ``overrides`` as in :func:`steadyrl.resolve_method` (``{"ess_lr.rho_base": 0.55}``). A method without step-level
+    parts gives ``[]``.
+    """
     from steadyrl.control.ess_lr import EssStepSizeController
     from steadyrl.control.gac import GradientAlignmentController
+    from steadyrl.methods.resolve import resolve_method
 
+    if isinstance(method, str) or overrides:
+        method = resolve_method(method, overrides)
     out: list[Controller] = []
     for spec in method.controllers:
         if isinstance(spec, EssStepSize):

@@ -7,11 +7,12 @@ import warnings
 from importlib import metadata
 
 
-def install_hint(adapter: str, dist: str, tested: str) -> str:
-    """The install command for ``adapter``'s framework: its pin file (``requirements/integrations/<adapter>.txt``,
-    installed with ``--no-deps``: the frameworks' own requirements would move the locked torch), or a plain
-    ``pip install`` of the tested release for a framework that needs no pin file."""
-    return f"pip install --no-deps -r requirements/integrations/{adapter}.txt ({dist}=={tested})"
+def install_hint(adapter: str, dist: str, tested: str, *, pin_file: bool = True) -> str:
+    """The install command for ``adapter``'s framework: the extra ``steadyrl[<adapter>]`` (the framework alone, at
+    least the tested release), and in a checkout of steadyrl its pin file (``requirements/integrations/<adapter>.txt``,
+    installed with ``--no-deps``: the frameworks' own requirements would move the locked torch) where it has one."""
+    pinned = f"; in a checkout: pip install --no-deps -r requirements/integrations/{adapter}.txt" if pin_file else ""
+    return f"pip install 'steadyrl[{adapter}]' (tested with {dist}=={tested}{pinned})"
 
 
 def missing_framework(adapter: str, framework: str, install: str) -> ImportError:

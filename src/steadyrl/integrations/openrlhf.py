@@ -115,7 +115,7 @@ class PolicyLoss(torch.nn.Module):
             "mask": mask,
             "advantages": advantages.detach(),
         }
-        loss, metrics = compute_loss(spec, batch)
+        loss, metrics = compute_loss(spec, batch, validate=False)
         share = step_share(
             mask, spec.agg, dp_size=dp_size, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size
         )

@@ -55,7 +55,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from steadyrl.integrations._framework import missing_framework, warn_if_untested
+from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
 from steadyrl.integrations.step_control import StepControl
 from steadyrl.methods import MethodSpec, compute_loss, required_inputs, resolve_method
 from steadyrl.rollout.rollouts import TokenBatch
@@ -67,7 +67,7 @@ TRL_VERSION = "1.16.0"
 try:
     from trl import GRPOTrainer as _TRLGRPOTrainer
 except ImportError as _err:  # one line saying what to install
-    raise missing_framework("trl", "TRL", f"pip install trl=={TRL_VERSION}") from _err
+    raise missing_framework("trl", "TRL", install_hint("trl", "trl", TRL_VERSION, pin_file=False)) from _err
 
 warn_if_untested("trl", "trl", TRL_VERSION)
 
@@ -246,7 +246,7 @@ class GRPOTrainer(_TRLGRPOTrainer):
             model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss=self.aux_loss_enabled,
             **multimodal,
         )  # fmt: skip
-        loss, metrics = compute_loss(self.steadyrl_method, self.steadyrl_batch(model, inputs, logp))
+        loss, metrics = compute_loss(self.steadyrl_method, self.steadyrl_batch(model, inputs, logp), validate=False)
         mode = "train" if self.model.training else "eval"
         self._log_steadyrl(metrics, mode)
         if mode == "train":

@@ -172,7 +172,7 @@ def make_policy_loss(
             "mask": response_mask.bool(),
             "advantages": advantages.detach(),
         }
-        loss, metrics = compute_loss(run, batch)
+        loss, metrics = compute_loss(run, batch, validate=False)
         share = step_share(
             response_mask, spec.agg, dp_size=int(info.get("dp_size", 1) or 1),
             batch_num_tokens=info.get("batch_num_tokens"), global_batch_size=info.get("global_batch_size"),

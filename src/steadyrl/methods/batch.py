@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
 from torch import Tensor
 
 #: What each batch key holds; used in error messages and docs.
@@ -26,6 +27,10 @@ KEY_DOCS: dict[str, str] = {
     "sum_p2": "[B,T] Σ_v π_v² of the proximal distribution at each token (OTB)",
 }
 
+#: Log-probs above this are not log-probabilities (rounding of a float32 log-softmax stays far below it); in a coarser
+#: dtype (bfloat16, float16) the bound is 16 of its machine epsilons instead.
+LOGP_TOLERANCE = 1e-4
+_LOGP_KEYS = ("logp", "behav_logp", "prox_logp", "ref_logp")
 _TOKEN_KEYS = ("logp", "behav_logp", "mask", "prox_logp", "versions", "behav_entropy", "ref_logp", "values", "sum_p2")
 _SEQ_KEYS = ("group_ids", "grad_sq_norms")
 
@@ -91,6 +96,46 @@ class LossBatch:
                 raise ValueError(f"{key!r} must be an integer tensor; got {value.dtype}")
         if not self.logp.is_floating_point():
             raise ValueError(f"'logp' must be a floating tensor; got {self.logp.dtype}")
+
+    def check_not_empty(self) -> None:
+        """Raise ``ValueError`` when the batch has no response (B = 0) or no token position (T = 0)."""
+        B, T = self.logp.shape
+        if B == 0 or T == 0:
+            what = "no response (B = 0)" if B == 0 else "no token position (T = 0)"
+            raise ValueError(f"empty batch: 'logp' has shape {[B, T]}, {what}; a loss needs B >= 1 and T >= 1")
+
+    def check_values(self) -> None:
+        """Raise ``ValueError`` naming the key that holds NaN or ±inf, or log-probs above :data:`LOGP_TOLERANCE`.
+
+        ``[B, T]`` tensors are checked where ``mask`` is true (padding may hold anything), ``[B]`` ones everywhere.
+        All checks run on the device and are read back to the host once (one sync), so this costs a few elementwise
+        passes; ``compute_loss(..., validate=False)`` skips it (the trainer and the adapters do).
+        """
+        mask = self.mask.bool() if self.mask.dtype == torch.bool else self.mask != 0
+        found: list[tuple[str, str, Tensor]] = []  # (key, what is wrong, where [same shape as the tensor])
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "mask" or not isinstance(value, Tensor) or not value.is_floating_point():
+                continue
+            x = value.detach()
+            on = mask if tuple(x.shape) == tuple(mask.shape) else torch.ones_like(x, dtype=torch.bool)
+            found.append((f.name, "NaN", torch.isnan(x) & on))
+            found.append((f.name, "±inf", torch.isinf(x) & on))
+            if f.name in _LOGP_KEYS:
+                tol = max(LOGP_TOLERANCE, 16 * torch.finfo(x.dtype).eps)
+                found.append((f.name, f"log-probabilities > {tol:g}", (x > tol) & on))
+        if not found:
+            return
+        flags = torch.stack([bad.any() for _, _, bad in found]).tolist()  # the one host read
+        for (key, what, bad), flag in zip(found, flags, strict=True):
+            if flag:
+                first = [int(i) for i in bad.nonzero()[0].tolist()]
+                where = f"row {first[0]}" + (f", token {first[1]}" if len(first) > 1 else "")
+                tokens = bad.dim() == 2 and tuple(bad.shape) == tuple(mask.shape)
+                total, unit = (int(mask.sum()), "trained tokens") if tokens else (bad.numel(), "rows")
+                of = f"{int(bad.sum())} of {total} {unit}"
+                hint = " (pass log π of the sampled tokens, not probabilities or logits)" if "log-prob" in what else ""
+                raise ValueError(f"{key!r} holds {what} at {of}, the first at {where}{hint}; {key}: {KEY_DOCS[key]}")
 
     def require(self, keys: tuple[str, ...], method_name: str) -> None:
         """Raise ``ValueError`` listing every key in ``keys`` that is absent, with what it must hold."""

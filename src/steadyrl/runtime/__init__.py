@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from steadyrl.base import needs_train as _needs_train  # noqa: F401  (one line naming the extra when it is missing)
+
 if TYPE_CHECKING:
     from steadyrl.runtime.lag import LagSampler, LagSchedule, LagSource, Snapshot, SnapshotRing
 

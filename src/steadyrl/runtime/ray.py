@@ -45,7 +45,7 @@ from steadyrl.runtime.weights import FlatLayout
 from steadyrl.runtime.worker import SamplerSpec, run_sampler
 
 #: The one line a run without Ray fails with.
-MISSING_RAY = "runtime.mode=ray needs Ray: pip install -r requirements/ray.txt"
+MISSING_RAY = "runtime.mode=ray needs Ray: pip install 'steadyrl[ray]' (the tested pins: requirements/ray.txt)"
 
 try:
     import ray

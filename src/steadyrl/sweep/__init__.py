@@ -8,3 +8,5 @@
 * :mod:`steadyrl.sweep.report` — one self-contained HTML page with embedded PNG plots, for a sweep or a single run.
 * :mod:`steadyrl.sweep.entry` — the ``steadyrl sweep`` and ``steadyrl report`` commands.
 """
+
+from steadyrl.base import needs_train as _needs_train  # noqa: F401  (one line naming the extra when it is missing)

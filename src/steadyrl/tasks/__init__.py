@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from steadyrl.base import needs_train as _needs_train  # noqa: F401  (one line naming the extra when it is missing)
 from steadyrl.tasks.arithmetic import BasicArithmeticTask, ChainSumTask
 from steadyrl.tasks.config import (
     BasicArithmeticConfig,

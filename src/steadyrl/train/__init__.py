@@ -4,3 +4,5 @@
 it names; ``steadyrl.train.learner.Learner`` is the learner step alone, for use under another driver.
 Submodules are imported on use, so ``import steadyrl.train`` stays light.
 """
+
+from steadyrl.base import needs_train as _needs_train  # noqa: F401  (one line naming the extra when it is missing)

@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
     from steadyrl.train.log_sinks import require_trackers
 
-    try:  # likewise a missing wandb / mlflow package (log.wandb, log.mlflow)
-        require_trackers(wandb=cfg.log.wandb, mlflow=cfg.log.mlflow)
+    try:  # likewise a missing wandb / mlflow / tensorboard package (log.wandb, log.mlflow, log.tensorboard)
+        require_trackers(wandb=cfg.log.wandb, mlflow=cfg.log.mlflow, tensorboard=cfg.log.tensorboard)
     except ImportError as err:
         print(f"steadyrl train: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,96 +1,53 @@
-"""Per-trajectory squared gradient norms ‖∇_θ w_i Σ_t m_{i,t} log π_θ(y_{i,t})‖², for OPOB, without micro-batch 1.
+"""Per-trajectory squared gradient norms of the learner's token batches (VCPO's OPOB in ``steadyrl train``).
 
-VCPO's off-policy optimal baseline (arXiv 2602.17616, OPOB; ALGORITHMS.md) weighs trajectory i by
-W_i = w_i² ‖∇_θ log π_θ(y_i)‖², so it needs one squared gradient norm per trajectory. The authors' code runs one
-backward pass per trajectory at micro-batch 1. Here three implementations compute the same quantity
+The computation itself is :mod:`steadyrl.core.grad_norms` (any model, any log-prob function); here ``logp_fn`` is the
+learner's own recompute, :func:`steadyrl.rollout.logprobs.sequence_logprobs` (the same forward, positions and
+``logits_to_keep``), so the norms measure the gradient the learner takes, and ``mask`` defaults to the batch's
+``response_mask`` (tool-output tokens, ``tool_mask``, are attended as in the learner's forward but never in ℓ_i).
+Three methods:
 
-    n_i = ‖∇_θ ℓ_i‖²,   ℓ_i = w_i Σ_t m_{i,t} log π_θ(y_{i,t})   (w_i = 1 unless ``weights`` is given),
-
-summed over every trainable parameter of the model (a tied parameter counts once: its gradient is the sum of the
-gradients of all its uses):
-
-- ``"ghost"`` (default): one forward and one backward over the whole batch of Σ_i ℓ_i. Forward hooks record each
-  parametrized module's inputs and outputs; one ``torch.autograd.grad`` call returns the gradients with respect to
-  those outputs (the weights' own batch gradients are never formed). Samples do not interact in a causal LM (padding
-  is masked out of attention), so row i of an output gradient is ∂ℓ_i/∂output_i and every per-sample gradient follows
-  layer by layer:
-
-  * ``nn.Linear`` (x ↦ W a + b): per-sample ∇W_i = Σ_s g_{i,s} a_{i,s}ᵀ, ∇b_i = Σ_s g_{i,s}. Its squared norm is
-    either the **ghost norm** (Goodfellow, arXiv 1510.01799; ghost clipping, Li et al., arXiv 2110.05679)
-    ‖Σ_s g_s a_sᵀ‖²_F = Σ_{s,t} (g_s·g_t)(a_s·a_t), from two S×S Gram matrices, or the materialized [N, out, in]
-    gradient; the cheaper one is chosen per parameter from the shapes (mixed ghost clipping, Bu et al.,
-    arXiv 2205.10683: Gram form when roughly S² (out + in) < S·out·in).
-  * ``nn.Embedding`` (ids ↦ E[ids]): ∇E_i = Σ_s onehot(id_{i,s}) e_{i,s}ᵀ, e the output gradient (rows at
-    ``padding_idx`` get no gradient, as in PyTorch). Gram form Σ_{s,t} [id_s = id_t] (e_s·e_t), or a scatter-add.
-  * A parameter used more than once (**tied** input/output embeddings: ``embed_tokens`` and ``lm_head`` share one
-    matrix; or a module called twice) has the per-sample gradient Σ_u G_{i,u}, so its squared norm is not the sum of
-    the uses' norms: n = Σ_{u,v} ⟨G_u, G_v⟩ with the cross terms in Gram form, e.g. embedding × lm_head
-    ⟨Σ_s onehot(id_s) e_sᵀ, Σ_t g_t a_tᵀ⟩ = Σ_{s,t} g_t[id_s] (e_s·a_t), or by materializing Σ_u G_u
-    (again the cheaper of the two).
-  * Any other module with its own trainable parameters (RMSNorm weights, LayerNorm, subclasses that override
-    ``forward``): per-sample gradients of its direct parameters by ``vmap`` over the batch of a ``vjp`` of that
-    module alone, at the recorded input with the recorded output gradient row as cotangent (materialized).
-
+- ``"ghost"`` (default): :class:`GhostPass`, one forward and one backward over the batch (the core's method).
 - ``"vmap"``: ``torch.func`` — ``vmap`` over trajectories of ``grad`` of a ``functional_call`` of the whole learner
   forward, ``chunk_size`` trajectories at a time (each chunk holds its per-sample gradients). Hugging Face's mask
   builder branches on the mask's values, which ``vmap`` cannot trace, so during the call the model runs on an
   attention implementation registered here (``steadyrl_vmap_sdpa``: SDPA with a materialized mask; a new key in
   transformers' global registries, nothing existing is changed); the previous one is restored afterwards.
+  Activation checkpointing refuses it.
 - ``"naive"``: the reference: for each trajectory alone (its padding trimmed), one forward and one backward.
 
-Log-probs come from the learner's own recompute, :func:`steadyrl.rollout.logprobs.sequence_logprobs` (the same
-forward, positions and ``logits_to_keep``), so "ghost" and "vmap" measure the gradient the learner takes. w_i is a
-detached constant, so every method computes ‖∇ Σ_t m log π‖² and multiplies by w_i² afterwards (exact; it also keeps
-w_i out of ``sequence_logprobs``' log-softmax, which runs in float32 even for a float64 model).
-
-Side effects: none left behind. No ``.grad`` is read or written (every gradient comes from ``torch.autograd.grad`` or
-``torch.func``), hooks are removed in ``finally``, and the attention implementation is restored. The model's
-train/eval mode is not changed: with dropout active the three methods draw different masks and disagree.
-
-Assumptions of "ghost" (checked where cheap): every parametrized module's input and output have the batch first;
-parameters are used only through their own module's ``forward``; a recorded output is not modified in place later
-(checked via tensor versions); no cross-sample interaction (true for causal LMs; verified against "naive" in tests).
-Memory: a training step's activations plus, at the end of the backward, the gradients of every recorded module
-output at once (about one more copy of them); the result is per row, so a caller can split the batch by rows to
-bound it. Activation checkpointing: "ghost" and "naive" work with non-reentrant checkpointing
-(``use_reentrant=False``); reentrant checkpointing refuses ``torch.autograd.grad``, "vmap" refuses both.
+w_i is a detached constant, so every method computes ‖∇ Σ_t m log π‖² and multiplies by w_i² afterwards (exact; it
+also keeps w_i out of ``sequence_logprobs``' log-softmax, which runs in float32 even for a float64 model).
 
 Shapes: ``batch`` as in :mod:`steadyrl.rollout.rollouts` (prompt ``[N, P]`` left-padded, response ``[N, T]``
-right-padded; tool-output tokens, ``tool_mask``, are attended as in the learner's forward but are never in ℓ_i);
-``mask`` ``[N, T]``, ``weights`` ``[N]`` → ``[N]`` (float32, or float64 for a float64 model), detached.
-Reduction: sum over tokens inside ℓ_i, squared L2 norm over all trainable parameters; no reduction over trajectories.
+right-padded); ``mask`` ``[N, T]``, ``weights`` ``[N]`` → ``[N]`` (float32, or float64 for a float64 model), detached.
 Confidence: [exact] (an identity of the gradient; the three methods agree to ~1e-15 relative in float64).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vjp, vmap
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.func import functional_call, grad, vmap
 
+from steadyrl.core import grad_norms as core
+from steadyrl.core.grad_norms import GHOST_STRATEGIES, GhostStrategy, masked_row_sums
 from steadyrl.rollout.distribution import TOP_K_OFF, TOP_P_OFF
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import TokenBatch, TokenBatchLike, context_mask, trim_padding
 
 GradNormMethod = Literal["ghost", "vmap", "naive"]
-GhostStrategy = Literal["auto", "gram", "materialize"]
 GRAD_NORM_METHODS: tuple[str, ...] = get_args(GradNormMethod)
-GHOST_STRATEGIES: tuple[str, ...] = get_args(GhostStrategy)
 
 #: Trajectories per ``vmap`` chunk of ``method="vmap"`` (memory: this many copies of the per-sample gradients).
 DEFAULT_VMAP_CHUNK_SIZE: int = 16
 #: Name under which the vmap-traceable attention (SDPA, mask always materialized) is registered in transformers.
 VMAP_ATTENTION: str = "steadyrl_vmap_sdpa"
-#: Float dtypes the Gram sums run in as they are; others (bf16, fp16) are upcast to float32 first.
-_FULL_PRECISION = (torch.float32, torch.float64)
 
 
 def per_trajectory_grad_sq_norms(
@@ -106,7 +63,7 @@ def per_trajectory_grad_sq_norms(
     ghost_strategy: GhostStrategy | str = "auto",
     vmap_chunk_size: int = DEFAULT_VMAP_CHUNK_SIZE,
 ) -> Float[Tensor, " N"]:
-    """n_i = ‖∇_θ w_i Σ_t m_{i,t} log π_θ(y_{i,t})‖² for every trajectory (VCPO, arXiv 2602.17616, OPOB's ‖∇‖²).
+    """n_i = ‖∇_θ w_i Σ_t m_{i,t} log π_θ(y_{i,t})‖² for every trajectory of a token batch (VCPO, OPOB's ‖∇‖²).
 
     ===================  ======  =====================================================================================
     argument             shape   meaning
@@ -127,7 +84,7 @@ def per_trajectory_grad_sq_norms(
     ===================  ======  =====================================================================================
 
     Returns ``[N]`` detached, float32 (float64 for a float64 model), summed over all trainable parameters; rows
-    with no masked-in token give 0. ``.grad`` of the parameters is neither read nor changed (module docstring).
+    with no masked-in token give 0. ``.grad`` of the parameters is neither read nor changed.
     """
     if method not in GRAD_NORM_METHODS:
         raise ValueError(f"method={method!r} is not one of {', '.join(GRAD_NORM_METHODS)}")
@@ -142,57 +99,52 @@ def per_trajectory_grad_sq_norms(
         raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {(N, T)}")
     if weights is not None and tuple(weights.shape) != (N,):
         raise ValueError(f"weights has shape {tuple(weights.shape)}, expected {(N,)}")
-    spec = _Objective(
-        mask=mask.bool() & batch.response_mask.bool(), score=dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    )
-    dtype = _result_dtype(model)
-    if N == 0 or not _trainable(model):
+    m = mask.bool() & batch.response_mask.bool()
+    score = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    dtype = core._result_dtype(model)
+    if N == 0 or not core._trainable(model):
         return torch.zeros(N, dtype=dtype, device=batch.response_ids.device)
+    if method == "ghost":
+        return core.per_trajectory_grad_sq_norms(
+            model, _logp_fn(batch, score), m, weights=weights, ghost_strategy=ghost_strategy
+        )
     with torch.enable_grad():
         if method == "naive":
-            out = _naive(model, batch, spec, dtype)
-        elif method == "vmap":
-            out = _vmapped(model, batch, spec, dtype, vmap_chunk_size)
+            out = _naive(model, batch, m, score, dtype)
         else:
-            out = _ghost(model, batch, spec, dtype, ghost_strategy)
+            out = _vmapped(model, batch, m, score, dtype, vmap_chunk_size)
     if weights is not None:
         out = out * weights.detach().to(dtype).square()  # ‖∇(w_i Σ_t m log π)‖² = w_i² ‖∇ Σ_t m log π‖² (w_i constant)
     return out.detach()
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Shared: the objective ℓ_i and the parameters it is differentiated by
+class GhostPass(core.GhostPass):
+    """:class:`steadyrl.core.grad_norms.GhostPass` on the learner's forward (``sequence_logprobs`` of ``batch``).
+
+    ``mask`` ``[N, T]`` (default ``batch.response_mask``; intersected with it) and the scoring arguments as in
+    :func:`per_trajectory_grad_sq_norms`. ``.logp`` is ``sequence_logprobs(model, batch, ...).logp`` with its graph.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: TokenBatchLike,
+        *,
+        mask: Tensor | None = None,
+        temperature: float = 1.0,
+        top_k: int = TOP_K_OFF,
+        top_p: float = TOP_P_OFF,
+        strategy: GhostStrategy | str = "auto",
+    ) -> None:
+        m = batch.response_mask.bool() if mask is None else mask.bool() & batch.response_mask.bool()
+        score = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        super().__init__(model, _logp_fn(batch, score), m, strategy=strategy)
+        self.batch = batch
 
 
-@dataclass(frozen=True)
-class _Objective:
-    """What ℓ_i is before its factor w_i: the tokens summed (``mask`` [N, T]) and the scoring kwargs."""
-
-    mask: Tensor
-    score: dict[str, Any]
-
-    def per_trajectory(self, model: nn.Module, batch: TokenBatchLike, rows: slice | None = None) -> Tensor:
-        """Σ_t m_{i,t} log π(y_{i,t}) for the rows of ``batch`` (``rows`` selects the matching rows of the mask)."""
-        logp = sequence_logprobs(model, batch, **self.score).logp
-        m = self.mask[slice(None) if rows is None else rows][:, : logp.shape[1]]
-        # where, not a product: a token outside a top-k/top-p set has logp = −inf and must give 0, not NaN.
-        return torch.where(m, logp, torch.zeros_like(logp)).sum(dim=-1)  # Σ_t m_{i,t} log π(y_{i,t})
-
-
-def _trainable(model: nn.Module) -> list[nn.Parameter]:
-    """Trainable parameters, each once (a tied parameter appears once)."""
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def _result_dtype(model: nn.Module) -> torch.dtype:
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return torch.promote_types(dtype, torch.float32)
-
-
-def _sq_norm(tensors: list[Tensor | None], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Σ over tensors of the squared L2 norm (None counts as 0)."""
-    terms = [t.to(dtype).square().sum() for t in tensors if t is not None]
-    return torch.stack(terms).sum() if terms else torch.zeros((), dtype=dtype, device=device)
+def _logp_fn(batch: TokenBatchLike, score: dict[str, Any]) -> core.LogpFn:
+    """``model ↦ sequence_logprobs(model, batch, **score).logp``: the learner's forward as the core's ``logp_fn``."""
+    return lambda model: sequence_logprobs(model, batch, **score).logp
 
 
 def _row(batch: TokenBatchLike, i: int) -> TokenBatch:
@@ -207,22 +159,28 @@ def _tool_mask(batch: TokenBatchLike) -> Tensor:
     return context_mask(batch) & ~batch.response_mask.bool()
 
 
+def _per_trajectory(model: nn.Module, batch: TokenBatchLike, mask: Tensor, score: dict[str, Any]) -> Tensor:
+    """Σ_t m_{i,t} log π(y_{i,t}) for the rows of ``batch`` (``mask`` may be wider than a trimmed batch's T)."""
+    logp = sequence_logprobs(model, batch, **score).logp
+    return masked_row_sums(logp, mask[:, : logp.shape[1]])
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # "naive": one forward and one backward per trajectory, its padding trimmed (the reference)
 
 
-def _naive(model: nn.Module, batch: TokenBatchLike, spec: _Objective, dtype: torch.dtype) -> Tensor:
-    params = _trainable(model)
+def _naive(model: nn.Module, batch: TokenBatchLike, mask: Tensor, score: dict[str, Any], dtype: torch.dtype) -> Tensor:
+    params = core._trainable(model)
     device = batch.response_ids.device
     norms = []
     for i in range(batch.response_ids.shape[0]):
         row = trim_padding(_row(batch, i))  # this trajectory alone: no padding it does not need
-        loss = spec.per_trajectory(model, row, rows=slice(i, i + 1)).sum()
+        loss = _per_trajectory(model, row, mask[i : i + 1], score).sum()
         if not loss.requires_grad:  # no response token: a constant
             norms.append(torch.zeros((), dtype=dtype, device=device))
             continue
         grads = torch.autograd.grad(loss, params, allow_unused=True)  # ∇θ ℓ_i; .grad untouched
-        norms.append(_sq_norm(list(grads), dtype, device))
+        norms.append(core._sq_norm(list(grads), dtype, device))
     return torch.stack(norms)
 
 
@@ -241,20 +199,22 @@ class _OneTrajectory(nn.Module):
     def forward(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor,
                 tool_mask: Tensor, mask: Tensor) -> Tensor:  # fmt: skip
         row = TokenBatch(prompt_ids[None], prompt_mask[None], response_ids[None], response_mask[None], tool_mask[None])
-        return _Objective(mask=mask[None], score=self.score).per_trajectory(self.model, row).sum()
+        return _per_trajectory(self.model, row, mask[None], self.score).sum()
 
 
-def _vmapped(model: nn.Module, batch: TokenBatchLike, spec: _Objective, dtype: torch.dtype, chunk: int) -> Tensor:
-    wrapper = _OneTrajectory(model, spec.score)
+def _vmapped(
+    model: nn.Module, batch: TokenBatchLike, mask: Tensor, score: dict[str, Any], dtype: torch.dtype, chunk: int
+) -> Tensor:
+    wrapper = _OneTrajectory(model, score)
     params = {f"model.{name}": p.detach() for name, p in model.named_parameters() if p.requires_grad}
     device = batch.response_ids.device
 
     def sq_norm_of_one(p: dict[str, Tensor], *row: Tensor) -> Tensor:
         # tie_weights (default): a tied parameter is passed once and used by all its modules, so its gradient sums.
         g = grad(lambda q: functional_call(wrapper, q, row))(p)  # ∇θ ℓ_i, one trajectory
-        return _sq_norm(list(g.values()), dtype, device)
+        return core._sq_norm(list(g.values()), dtype, device)
 
-    rows = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, _tool_mask(batch), spec.mask)
+    rows = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask, _tool_mask(batch), mask)
     with _vmap_traceable_attention(model), warnings.catch_warnings():
         # SDPA has no batching rule on CPU: vmap loops over it and warns each time.
         warnings.filterwarnings("ignore", message=".*have not yet implemented the batching rule.*")
@@ -293,370 +253,3 @@ def _register_vmap_attention() -> None:
 
     AttentionMaskInterface.register(VMAP_ATTENTION, materialized_sdpa_mask)
     AttentionInterface.register(VMAP_ATTENTION, sdpa_attention_forward)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# "ghost": one forward + one backward over the batch, per-layer norms from recorded activations and output gradients
-
-
-@dataclass(frozen=True)
-class _Call:
-    """One call of a module that owns trainable parameters, recorded by the forward hook."""
-
-    module: nn.Module
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    output: Tensor
-    versions: tuple[int, ...]  # _version of the output and the tensor arguments at record time
-
-
-@dataclass(frozen=True)
-class _Outer:
-    """Per-sample gradient G_i = Σ_s u_{i,s} w_{i,s}ᵀ of an [R, C] matrix parameter.
-
-    ``u``: [N, S, R] dense (Linear: output gradients), or [N, S] integer rows (Embedding: one-hot of the ids);
-    ``w``: [N, S, C] (Linear: inputs; Embedding: output gradients).
-    """
-
-    u: Tensor
-    w: Tensor
-    rows: int
-
-    @property
-    def indexed(self) -> bool:
-        return self.u.dim() == 2
-
-
-@dataclass(frozen=True)
-class _Dense:
-    """A materialized per-sample gradient ``g`` [N, *shape] (biases, norm weights, generic modules)."""
-
-    g: Tensor
-
-
-_Contribution = _Outer | _Dense
-
-
-def _ghost(model: nn.Module, batch: TokenBatchLike, spec: _Objective, dtype: torch.dtype, strategy: str) -> Tensor:
-    with GhostPass(model, batch, objective=spec, strategy=strategy) as ghost:
-        return ghost.sq_norms().to(dtype)
-
-
-class GhostPass:
-    """One forward of the learner's log-probs → per-trajectory squared gradient norms *and* the batch gradient.
-
-    The "ghost" method as an object the learner can keep between the norms and its own backward (VCPO's step):
-
-    1. ``GhostPass(model, batch, ...)`` runs the learner's forward (``sequence_logprobs``) with the recording hooks;
-       ``.logp`` ``[N, T]`` carries the graph.
-    2. :meth:`sq_norms` runs the one backward of Σ_i ℓ_i (ℓ_i = Σ_t m_{i,t} log π(y_{i,t})) to the recorded module
-       outputs, keeps the per-sample contributions G_{i,u} of every parameter and returns n_i = ‖∇_θ ℓ_i‖² (as
-       :func:`per_trajectory_grad_sq_norms`). The graph is kept for step 4.
-    3. :meth:`accumulate_grad` with per-trajectory coefficients c ``[N]`` adds Σ_i c_i ∇_θ ℓ_i to each parameter's
-       ``.grad`` **without another backward**: per parameter Σ_u Σ_i c_i G_{i,u} (Linear: Σ_{i,s} c_i g_{i,s}
-       a_{i,s}ᵀ, one matmul, as autograd's weight gradient; Embedding: an index-add; others: Σ_i c_i g_i). This is
-       the "book-keeping" trick of Bu et al. (arXiv 2210.00038): the weight gradients are formed once, from the
-       stored activations and output gradients, after the per-sample norms are known. It is exact whenever the loss's
-       gradient with respect to the log-probs is constant along each trajectory, ∂L/∂logp_{i,t} = c_i on its masked
-       tokens — true for sequence-weighted REINFORCE with ``seq-mean-token-mean`` or ``seq-mean-token-sum``
-       aggregation (VCPO: w̄_i A_i / (B L_i)).
-    4. Otherwise :meth:`backward` takes the full ``∂L/∂logp`` ``[N, T]`` and backpropagates it through the kept
-       graph (a second backward, the general case).
-
-    Use as a context manager (or call :meth:`close`) so the graph and the stored tensors are released.
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        batch: TokenBatchLike,
-        *,
-        mask: Tensor | None = None,
-        temperature: float = 1.0,
-        top_k: int = TOP_K_OFF,
-        top_p: float = TOP_P_OFF,
-        strategy: GhostStrategy | str = "auto",
-        objective: _Objective | None = None,
-    ) -> None:
-        if strategy not in GHOST_STRATEGIES:
-            raise ValueError(f"ghost_strategy={strategy!r} is not one of {', '.join(GHOST_STRATEGIES)}")
-        if objective is None:
-            m = batch.response_mask.bool() if mask is None else mask.bool() & batch.response_mask.bool()
-            objective = _Objective(mask=m, score=dict(temperature=temperature, top_k=top_k, top_p=top_p))
-        self.model, self.batch, self.objective, self.strategy = model, batch, objective, strategy
-        self.N = batch.response_ids.shape[0]
-        owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
-        calls: list[_Call] = []
-        handles = [m.register_forward_hook(_recorder(calls), with_kwargs=True) for m in owners]
-        try:
-            with torch.enable_grad():
-                self.logp: Tensor = sequence_logprobs(model, batch, **objective.score).logp  # one forward, batched
-        finally:
-            for h in handles:
-                h.remove()
-        self._calls = [c for c in calls if c.output.requires_grad]
-        self._contributions: dict[int, list[_Contribution]] | None = None
-        self._params: dict[int, nn.Parameter] = {}
-        self._norms: Tensor | None = None
-
-    def __enter__(self) -> GhostPass:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Release the graph, the recorded calls and the per-sample contributions."""
-        self._calls, self._contributions, self._params = [], {}, {}
-        self.logp = self.logp.detach()
-
-    def _objective_sum(self) -> Tensor:
-        m = self.objective.mask[:, : self.logp.shape[1]]
-        return torch.where(m, self.logp, torch.zeros_like(self.logp)).sum()  # Σ_i ℓ_i
-
-    def _record(self) -> dict[int, list[_Contribution]]:
-        if self._contributions is not None:
-            return self._contributions
-        self._contributions = {}
-        loss = self._objective_sum()
-        if not self._calls or not loss.requires_grad:
-            return self._contributions
-        # One backward: gradients w.r.t. the recorded module outputs only (row i = ∂ℓ_i/∂output_i, samples
-        # independent); the weights' batch gradients are never formed. The graph is kept for :meth:`backward`.
-        out_grads = torch.autograd.grad(loss, [c.output for c in self._calls], allow_unused=True, retain_graph=True)
-        for call, g in zip(self._calls, out_grads, strict=True):
-            if _versions(call.output, call.args, call.kwargs) != call.versions:
-                raise RuntimeError(
-                    f"{type(call.module).__name__}: a recorded tensor was modified in place after the call"
-                )
-            if g is None:
-                continue
-            if call.output.shape[0] != self.N:
-                raise ValueError(f"{type(call.module).__name__}: output {tuple(call.output.shape)} is not batch-first")
-            for param, contribution in _per_sample(call, g):
-                self._contributions.setdefault(id(param), []).append(contribution)
-                self._params[id(param)] = param
-        return self._contributions
-
-    def sq_norms(self) -> Tensor:
-        """n_i = ‖∇_θ ℓ_i‖² ``[N]`` (detached; float32, or the parameters' float64), computed once."""
-        if self._norms is None:
-            dtype = _result_dtype(self.model)
-            total = torch.zeros(self.N, dtype=dtype, device=self.batch.response_ids.device)
-            grams: dict[tuple[Any, ...], Tensor] = {}  # a shared input (of q/k/v, of gate/up) has one Gram matrix
-            for parts in self._record().values():
-                total = total + _param_sq_norm(parts, self.strategy, grams).to(dtype)
-            self._norms = total.detach()
-        return self._norms
-
-    def accumulate_grad(self, coef: Tensor) -> None:
-        """``p.grad += Σ_i coef_i ∇_p ℓ_i`` for every trainable parameter, from the stored contributions (step 3)."""
-        if tuple(coef.shape) != (self.N,):
-            raise ValueError(f"coef has shape {tuple(coef.shape)}, expected {(self.N,)}")
-        coef = coef.detach()
-        scaled: dict[tuple[Any, ...], Tensor] = {}  # c_i x_{i,s} per stored tensor (q/k/v share inputs)
-        for key, parts in self._record().items():
-            param = self._params[key]
-            total = sum(_weighted_sum(c, coef, scaled) for c in parts)
-            total = total.reshape(param.shape).to(param.dtype)
-            param.grad = total if param.grad is None else param.grad + total
-
-    def backward(self, grad_logp: Tensor) -> None:
-        """Backpropagate ∂L/∂logp ``[N, T]`` through the kept graph into ``.grad`` (the general case, step 4)."""
-        if self.logp.requires_grad:
-            torch.autograd.backward(self.logp, grad_tensors=grad_logp.detach().to(self.logp.dtype))
-
-
-def _weighted_sum(c: _Contribution, coef: Tensor, cache: dict[tuple[Any, ...], Tensor]) -> Tensor:
-    """Σ_i coef_i G_i of one contribution, shaped like its parameter (flattened for matrices: [R, C]).
-
-    For a matrix, coef_i multiplies the narrower of the two factors (fewer multiplications), and a factor shared by
-    several parameters (the input of q/k/v, of gate/up) is scaled once (``cache``, keyed by storage and shape).
-    """
-    if isinstance(c, _Dense):
-        return torch.einsum("n,n...->...", coef.to(c.g.dtype), c.g)
-    N, S, C = c.w.shape
-
-    def scale(x: Tensor) -> Tensor:
-        key = (x.data_ptr(), tuple(x.shape), x.stride())
-        if key not in cache:
-            cache[key] = x * coef.to(x.dtype).view(N, *([1] * (x.dim() - 1)))  # c_i x_{i,s}
-        return cache[key]
-
-    if c.indexed:  # Σ_{i,s} onehot(id_{i,s}) (c_i w_{i,s})ᵀ
-        return c.w.new_zeros(c.rows, C).index_add_(0, c.u.reshape(-1), scale(c.w).reshape(N * S, C))
-    u, w = (scale(c.u), c.w) if c.rows <= C else (c.u, scale(c.w))
-    return u.reshape(N * S, c.rows).transpose(0, 1) @ w.reshape(N * S, C)  # Σ_{i,s} c_i u_{i,s} w_{i,s}ᵀ
-
-
-def _recorder(calls: list[_Call]) -> Callable[..., None]:
-    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        if not isinstance(output, Tensor):
-            raise TypeError(f"{type(module).__name__} returns {type(output).__name__}; ghost norms need a tensor")
-        calls.append(_Call(module, args, kwargs, output, _versions(output, args, kwargs)))
-
-    return hook
-
-
-def _versions(output: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
-    leaves = tree_flatten((args, kwargs))[0]
-    return (output._version, *(x._version for x in leaves if isinstance(x, Tensor)))
-
-
-def _per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Contribution]]:
-    """(parameter, its per-sample gradient from this call) for the trainable direct parameters of ``call.module``."""
-    module, N = call.module, g.shape[0]
-    x = call.args[0] if call.args else next(iter(call.kwargs.values()), None)
-    plain = type(module).forward is nn.Linear.forward or getattr(module, "computes_linear", False)
-    if isinstance(module, nn.Linear) and plain:  # (steadyrl.base.device's float32 output layer is the same map)
-        a = _full(x.detach()).reshape(N, -1, module.in_features)  # a_{i,s}: [N, S, in]
-        gg = _full(g).reshape(N, -1, module.out_features)  # g_{i,s}: [N, S, out]
-        out: list[tuple[nn.Parameter, _Contribution]] = []
-        if module.weight.requires_grad:
-            out.append((module.weight, _Outer(u=gg, w=a, rows=module.out_features)))  # ∇W_i = Σ_s g_s a_sᵀ
-        if module.bias is not None and module.bias.requires_grad:
-            out.append((module.bias, _Dense(gg.sum(dim=1))))  # ∇b_i = Σ_s g_s
-        return out
-    if isinstance(module, nn.Embedding) and type(module).forward is nn.Embedding.forward:
-        if module.max_norm is not None or module.scale_grad_by_freq:
-            raise ValueError("ghost norms do not support nn.Embedding with max_norm or scale_grad_by_freq")
-        ids = x.reshape(N, -1)  # id_{i,s}: [N, S]
-        e = _full(g).reshape(N, ids.shape[1], module.embedding_dim)  # e_{i,s}: [N, S, D]
-        if module.padding_idx is not None:
-            e = e.masked_fill((ids == module.padding_idx).unsqueeze(-1), 0.0)  # the padding row gets no gradient
-        return [(module.weight, _Outer(u=ids, w=e, rows=module.num_embeddings))]  # ∇E_i = Σ_s onehot(id_s) e_sᵀ
-    fast = _rms_norm_per_sample(call, g)
-    return fast if fast is not None else _generic_per_sample(call, g)
-
-
-def _rms_norm_per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Contribution]] | None:
-    """Per-sample gradient of an RMSNorm's scale (``*RMSNorm`` with one 1-D ``weight``) in one batched vjp.
-
-    The module is re-run with its weight broadcast per sample ([N, 1, …, 1, D]); the vjp of that call with the
-    output gradient gives every sample's gradient at once (the scale multiplies the normalized input elementwise, so
-    row i of the output depends on copy i only). Used only when the re-run reproduces the recorded output exactly;
-    otherwise (None) the generic per-row vjp runs.
-    """
-    module, N = call.module, g.shape[0]
-    params = dict(module.named_parameters(recurse=False))
-    weight = params.get("weight")
-    if (not type(module).__name__.endswith("RMSNorm") or set(params) != {"weight"} or weight is None
-            or weight.dim() != 1 or call.output.dim() < 2 or call.output.shape[-1] != weight.shape[0]):  # fmt: skip
-        return None
-    args, kwargs = tree_map(lambda x: x.detach() if isinstance(x, Tensor) else x, (call.args, call.kwargs))
-    per_sample = weight.detach().view((1,) * (call.output.dim() - 1) + (-1,))
-    per_sample = per_sample.expand((N,) + (1,) * (call.output.dim() - 2) + (-1,)).clone().requires_grad_(True)
-    with torch.enable_grad():
-        out = functional_call(module, {"weight": per_sample}, args, kwargs)
-        if out.shape != call.output.shape or not torch.equal(out.detach(), call.output.detach()):
-            return None
-        (grad_w,) = torch.autograd.grad(out, per_sample, grad_outputs=g.to(out.dtype))
-    return [(weight, _Dense(_full(grad_w.reshape(N, -1))))]
-
-
-def _full(t: Tensor) -> Tensor:
-    return t if t.dtype in _FULL_PRECISION else t.float()
-
-
-def _generic_per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Contribution]]:
-    """Per-sample gradients of a module's direct parameters: vmap over rows of the vjp of the module alone.
-
-    Tensor arguments with the batch size as first dimension are split by row (each row keeps a batch dim of 1);
-    other arguments are passed whole.
-    """
-    module, N = call.module, g.shape[0]
-    params = {name: p for name, p in module.named_parameters(recurse=False) if p.requires_grad}
-    leaves, tree = tree_flatten((call.args, call.kwargs))
-    split = [isinstance(x, Tensor) and x.dim() > 0 and x.shape[0] == N for x in leaves]
-    fixed = [x.detach() if isinstance(x, Tensor) else x for x in leaves]
-    per_row = [x for x, s in zip(fixed, split, strict=True) if s]
-
-    primal = {k: v.detach() for k, v in params.items()}
-
-    def one(rows: list[Tensor], cotangent: Tensor) -> dict[str, Tensor]:
-        it = iter(rows)
-        args, kwargs = tree_unflatten([next(it)[None] if s else x for x, s in zip(fixed, split, strict=True)], tree)
-        _, pullback = vjp(lambda p: functional_call(module, p, args, kwargs), primal)
-        return pullback(cotangent[None])[0]  # ∇_p ⟨g_i, module(x_i; p)⟩ = per-sample ∇p
-
-    grads = vmap(one)(per_row, g.detach())
-    return [(params[name], _Dense(_full(grads[name]))) for name in params]
-
-
-# --- squared norm of one parameter's per-sample gradient Σ_u G_{i,u}
-
-
-def _param_sq_norm(
-    parts: list[_Contribution], strategy: str, grams: dict[tuple[Any, ...], Tensor] | None = None
-) -> Tensor:
-    """n_i(p) = ‖Σ_u G_{i,u}‖²: Gram form Σ_{u,v} ⟨G_u, G_v⟩ or materialized, per ``strategy`` / the cost estimate.
-
-    ``grams`` caches the S×S Gram matrices of factors shared between parameters (pass the same dict for a batch).
-    """
-    grams = {} if grams is None else grams
-    outers = [c for c in parts if isinstance(c, _Outer)]
-    use_gram = len(outers) == len(parts) and (
-        strategy == "gram" or (strategy == "auto" and _gram_cost(outers) <= _materialize_cost(outers))
-    )
-    if use_gram:
-        total = sum(_outer_inner(a, a, grams) for a in outers)  # Σ_u ‖G_u‖²
-        for j, a in enumerate(outers):
-            for b in outers[j + 1 :]:
-                total = total + 2.0 * _outer_inner(a, b, grams)  # + 2 Σ_{u<v} ⟨G_u, G_v⟩ (tied / reused parameters)
-        return total
-    G = sum(_materialize(c) for c in parts)  # Σ_u G_{i,u}: [N, numel]
-    return G.square().sum(dim=1)
-
-
-def _bmm_t(x: Tensor, y: Tensor, cache: dict[tuple[Any, ...], Tensor]) -> Tensor:
-    """x yᵀ per sample ([N, S, C] × [N, S', C] → [N, S, S']), cached by the two tensors' storage, shape and strides."""
-    key = (x.data_ptr(), tuple(x.shape), x.stride(), y.data_ptr(), tuple(y.shape), y.stride())
-    if key not in cache:
-        cache[key] = torch.bmm(x, y.transpose(1, 2))
-    return cache[key]
-
-
-def _outer_inner(a: _Outer, b: _Outer, grams: dict[tuple[Any, ...], Tensor]) -> Tensor:
-    """⟨Σ_s u_s w_sᵀ, Σ_t u'_t w'_tᵀ⟩_F = Σ_{s,t} (u_s·u'_t)(w_s·w'_t) per sample: [N]."""
-    N, Sa, Sb = a.w.shape[0], a.w.shape[1], b.w.shape[1]
-    if a.indexed and b.indexed:
-        U = (a.u.unsqueeze(2) == b.u.unsqueeze(1)).to(a.w.dtype)  # onehot(id_s)·onehot(id'_t) = [id_s = id'_t]
-    elif a.indexed:
-        U = torch.gather(b.u, 2, a.u.unsqueeze(1).expand(N, Sb, Sa)).transpose(1, 2)  # u'_t[id_s]
-    elif b.indexed:
-        U = torch.gather(a.u, 2, b.u.unsqueeze(1).expand(N, Sa, Sb))  # u_s[id'_t]
-    else:
-        U = torch.bmm(a.u, b.u.transpose(1, 2))  # u_s·u'_t
-    W = _bmm_t(a.w, b.w, grams)  # w_s·w'_t
-    return (U * W).sum(dim=(1, 2))
-
-
-def _materialize(c: _Contribution) -> Tensor:
-    """The per-sample gradient flattened to [N, numel]."""
-    if isinstance(c, _Dense):
-        return c.g.reshape(c.g.shape[0], -1)
-    N, S, C = c.w.shape
-    if c.indexed:
-        G = c.w.new_zeros(N, c.rows, C).scatter_add_(1, c.u.unsqueeze(-1).expand(N, S, C), c.w)  # Σ_s onehot(id_s) w_s
-    else:
-        G = torch.bmm(c.u.transpose(1, 2), c.w)  # Σ_s u_s w_sᵀ: [N, R, C]
-    return G.reshape(N, -1)
-
-
-def _gram_cost(outers: list[_Outer]) -> int:
-    """Multiply-adds per sample of the Gram form: Σ_{u,v} S_u S_v (C + R or 1 when a side is one-hot)."""
-    cost = 0
-    for a in outers:
-        for b in outers:
-            row_dot = 1 if a.indexed or b.indexed else a.rows
-            cost += a.w.shape[1] * b.w.shape[1] * (a.w.shape[2] + row_dot)
-    return cost
-
-
-def _materialize_cost(outers: list[_Outer]) -> int:
-    """Multiply-adds (and writes) per sample of materializing Σ_u G_u and its norm: Σ_u S_u R C (S_u C one-hot) + RC."""
-    cost = 0
-    for c in outers:
-        S, C = c.w.shape[1], c.w.shape[2]
-        cost += S * C if c.indexed else S * c.rows * C
-    return cost + outers[0].rows * outers[0].w.shape[2]

@@ -348,7 +348,7 @@ class Learner:
         if self.critic is not None and hidden is not None:  # V(s_t) joins the batch (detached), L_V the loss
             critic = self.critic.terms(method=self.method, batch=batch, hidden=hidden)
             batch["values"] = critic.values
-        loss, loss_metrics = compute_loss(self.method, batch)
+        loss, loss_metrics = compute_loss(self.method, batch, validate=False)
         metrics = {k: v.detach() for k, v in loss_metrics.items()}
         if critic is not None:
             metrics |= {k: v.detach() for k, v in critic.metrics.items()}

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from steadyrl.base.extras import install_line
 from steadyrl.train.configio import flatten
 
 if TYPE_CHECKING:
@@ -51,7 +52,9 @@ MLFLOW_STATE = "mlflow_run.json"
 MLFLOW_DB = "mlflow.db"
 #: Files the trackers write in out_dir (a fresh start deletes them; an external MLflow store is never touched).
 TRACKER_FILES = (WANDB_DIR, WANDB_STATE, MLFLOW_STATE, MLFLOW_DB)
-INSTALL_HINT = "pip install --no-deps -r requirements/logging.txt (or bash scripts/setup_extras.sh)"
+#: The install command of a tracker: its extra (in a checkout: the tested pins, installed by setup_extras.sh).
+TRACKER_EXTRAS = {"wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}
+PINNED_HINT = "in a checkout: pip install --no-deps -r requirements/logging.txt, or bash scripts/setup_extras.sh"
 #: MLflow's limits (mlflow.utils.validation): key length, param value length, params and tags per log_batch call.
 MLFLOW_MAX_KEY = 250
 MLFLOW_MAX_PARAM_VALUE = 6000
@@ -105,19 +108,25 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, str
     return out
 
 
-def require_trackers(*, wandb: bool, mlflow: bool) -> None:
+def require_trackers(*, wandb: bool, mlflow: bool, tensorboard: bool = False) -> None:
     """Raise ``ModuleNotFoundError`` (one line naming the install command) when a requested tracker is missing."""
-    for flag, wanted, module in (("log.wandb", wandb, "wandb"), ("log.mlflow", mlflow, "mlflow")):
+    flags = (("log.wandb", wandb, "wandb"), ("log.mlflow", mlflow, "mlflow"), ("log.tensorboard", tensorboard,
+             "tensorboard"))  # fmt: skip
+    for flag, wanted, module in flags:
         if wanted and importlib.util.find_spec(module) is None:
-            raise ModuleNotFoundError(f"{flag}=true needs the {module} package: {INSTALL_HINT}", name=module)
+            raise ModuleNotFoundError(f"{flag}=true needs the {module} package: {_install(module)}", name=module)
 
 
 def _import(module: str, flag: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise ModuleNotFoundError(f"{flag}=true needs the {module} package: {INSTALL_HINT} ({err})",
+        raise ModuleNotFoundError(f"{flag}=true needs the {module} package: {_install(module)} ({err})",
                                   name=module) from err  # fmt: skip
+
+
+def _install(module: str) -> str:
+    return f"{install_line(TRACKER_EXTRAS[module])} ({PINNED_HINT})"
 
 
 def closing_status() -> str:

@@ -1,0 +1,142 @@
+"""steadyrl.per_trajectory_grad_sq_norms on a model of one's own (torch only): ghost against one backward per row.
+
+The toy policy has every kind of module the ghost method handles: an embedding tied to the output layer, biased
+Linear layers (one called twice), an RMSNorm scale and a module with its own parameter in a custom ``forward``.
+The reference is the definition itself: for each row alone, ``torch.autograd.grad`` of w_i Σ_t m log π, in float64.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import steadyrl
+from steadyrl.core.grad_norms import GhostPass, per_trajectory_grad_sq_norms
+
+
+class Scale(nn.Module):
+    """A parameter used in a custom forward (the generic per-sample vjp path)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.tanh(self.gain)
+
+
+class ToyPolicy(nn.Module):
+    """A causal toy LM: token embedding + a running mean of the past (no mixing across rows), tied output layer."""
+
+    def __init__(self, vocab: int = 11, dim: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.norm = nn.RMSNorm(dim)
+        self.scale = Scale(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, ids: Tensor) -> Tensor:
+        h = self.embed(ids)  # [B, S, D]
+        steps = torch.arange(1, ids.shape[1] + 1, dtype=h.dtype).view(1, -1, 1)
+        h = h.cumsum(dim=1) / steps  # causal: position s sees tokens ≤ s
+        h = self.mix(torch.tanh(self.mix(h)))  # the same Linear twice
+        return self.head(self.scale(self.norm(h)))  # logits [B, S, V]
+
+
+def logprobs(model: nn.Module, ids: Tensor) -> Tensor:
+    """log π(ids[:, s+1] | ids[:, ≤s]) [B, S−1]: the ``logp_fn`` of the tests."""
+    logits = model(ids[:, :-1])
+    return torch.gather(F.log_softmax(logits, dim=-1), 2, ids[:, 1:, None]).squeeze(-1)
+
+
+def setup(seed: int = 0) -> tuple[ToyPolicy, Tensor, Tensor]:
+    torch.manual_seed(seed)
+    model = ToyPolicy().double()
+    ids = torch.randint(0, 11, (5, 7))
+    mask = torch.arange(6).unsqueeze(0) < torch.tensor([6, 3, 1, 0, 5]).unsqueeze(1)  # row 3 has no trained token
+    return model, ids, mask
+
+
+def reference(model: nn.Module, ids: Tensor, mask: Tensor, weights: Tensor | None = None) -> Tensor:
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = []
+    for i in range(ids.shape[0]):
+        ell = torch.where(mask[i : i + 1], logprobs(model, ids[i : i + 1]), 0.0).sum()
+        if weights is not None:
+            ell = ell * weights[i]
+        grads = torch.autograd.grad(ell, params, allow_unused=True)
+        out.append(sum(g.square().sum() for g in grads if g is not None))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("method", ["ghost", "naive"])
+@pytest.mark.parametrize("strategy", ["auto", "gram", "materialize"])
+def test_matches_one_backward_per_row(method: str, strategy: str) -> None:
+    model, ids, mask = setup()
+    want = reference(model, ids, mask)
+    got = steadyrl.per_trajectory_grad_sq_norms(
+        model, lambda m: logprobs(m, ids), mask, method=method, ghost_strategy=strategy
+    )
+    assert got.dtype == torch.float64 and not got.requires_grad
+    assert got[3] == 0 and (want[[0, 1, 2, 4]] > 0).all()
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
+    assert all(p.grad is None for p in model.parameters())  # .grad untouched
+
+
+def test_weights_scale_each_row() -> None:
+    model, ids, mask = setup(1)
+    w = torch.tensor([0.5, -2.0, 3.0, 1.0, 0.0], dtype=torch.float64)
+    got = per_trajectory_grad_sq_norms(model, lambda m: logprobs(m, ids), mask, weights=w)
+    torch.testing.assert_close(got, reference(model, ids, mask, w), rtol=1e-10, atol=1e-14)
+
+
+def test_float32_model_and_float_mask() -> None:
+    model, ids, mask = setup(2)
+    model = model.float()
+    got = per_trajectory_grad_sq_norms(model, lambda m: logprobs(m, ids), mask.float())
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, reference(model, ids, mask), rtol=1e-4, atol=1e-7)
+
+
+def test_ghost_pass_gives_the_batch_gradient_without_another_backward() -> None:
+    """accumulate_grad(c) = ∇ Σ_i c_i ℓ_i, and backward(∂L/∂logp) = autograd's gradient of L, both into .grad."""
+    model, ids, mask = setup(3)
+    c = torch.tensor([1.0, -0.5, 2.0, 0.3, 0.7], dtype=torch.float64)
+    objective = (c * torch.where(mask, logprobs(model, ids), 0.0).sum(-1)).sum()  # Σ_i c_i ℓ_i
+    want = torch.autograd.grad(objective, list(model.parameters()))
+    with GhostPass(model, lambda m: logprobs(m, ids), mask) as ghost:
+        torch.testing.assert_close(ghost.sq_norms(), reference(model, ids, mask), rtol=1e-10, atol=1e-14)
+        ghost.accumulate_grad(c)
+    for p, g in zip(model.parameters(), want, strict=True):
+        torch.testing.assert_close(p.grad, g, rtol=1e-10, atol=1e-14)
+    model.zero_grad(set_to_none=True)
+    with GhostPass(model, lambda m: logprobs(m, ids), mask) as ghost:
+        ghost.backward(torch.where(mask, c[:, None], 0.0))
+    for p, g in zip(model.parameters(), want, strict=True):
+        torch.testing.assert_close(p.grad, g, rtol=1e-10, atol=1e-14)
+
+
+def test_frozen_model_and_empty_batch_give_zeros() -> None:
+    model, ids, mask = setup()
+    assert per_trajectory_grad_sq_norms(model, lambda m: logprobs(m, ids[:0]), mask[:0]).shape == (0,)
+    model.requires_grad_(False)
+    assert (per_trajectory_grad_sq_norms(model, lambda m: logprobs(m, ids), mask) == 0).all()
+
+
+def test_invalid_arguments() -> None:
+    model, ids, mask = setup()
+    fn = lambda m: logprobs(m, ids)  # noqa: E731
+    with pytest.raises(ValueError, match="method='vmap' is not one of ghost, naive"):
+        per_trajectory_grad_sq_norms(model, fn, mask, method="vmap")
+    with pytest.raises(ValueError, match="ghost_strategy"):
+        per_trajectory_grad_sq_norms(model, fn, mask, ghost_strategy="fast")
+    with pytest.raises(ValueError, match="weights has shape"):
+        per_trajectory_grad_sq_norms(model, fn, mask, weights=torch.ones(2))
+    with pytest.raises(ValueError, match=r"logp_fn returned shape \(5, 6\); the mask is \(5, 4\)"):
+        per_trajectory_grad_sq_norms(model, fn, mask[:, :4])
+    with pytest.raises(ValueError, match=r"mask must be \[N, T\]"):
+        per_trajectory_grad_sq_norms(model, fn, mask[0])
