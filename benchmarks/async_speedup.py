@@ -24,8 +24,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import load_config
+from steadyrl.config.io import load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.train.entry import run
 from steadyrl.train.metrics import read_metrics
 

@@ -46,9 +46,9 @@ import torch
 import transformers
 
 from steadyrl.base.device import Placement
+from steadyrl.config.train import MAIN_JOB_TASK
 from steadyrl.models import TinyArchConfig, WarmStartConfig, build_char_tokenizer, build_tiny_model, warm_start
 from steadyrl.tasks import build_task
-from steadyrl.train.config import MAIN_JOB_TASK
 from steadyrl.train.entry import main as train_main
 from steadyrl.train.metrics import METRICS_FILE, read_metrics
 
@@ -391,10 +391,11 @@ def _load_policy(model_dir: Path, placement: Placement) -> torch.nn.Module:
 def item_rollback(*, model_dir: Path, placement: Placement, work: Path) -> ItemResult:
     """The collapse guard (``mode=rollback``) fed an alarming step restores the snapshot of step 0: the weights equal
     it bit for bit, the learner's state sits on the model's device, and the next learner step runs."""
+    from steadyrl.config.guard import GuardConfig
+    from steadyrl.config.train import OptimConfig
     from steadyrl.control import build_controllers
     from steadyrl.methods import resolve_method
-    from steadyrl.train.config import OptimConfig
-    from steadyrl.train.guard import CollapseGuard, GuardConfig
+    from steadyrl.train.collapse_guard import CollapseGuard
     from steadyrl.train.learner import Learner
 
     model = _load_policy(model_dir, placement)

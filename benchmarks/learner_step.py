@@ -26,12 +26,12 @@ from functools import partial
 
 import torch
 
+from steadyrl.config.train import OptimConfig, TrainConfig
 from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.sampler import generate
 from steadyrl.tasks import build_task
-from steadyrl.train.config import OptimConfig, TrainConfig
 from steadyrl.train.learner import Learner
 from timing import timed
 

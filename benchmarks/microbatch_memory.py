@@ -28,11 +28,11 @@ def _point(rows: int, budget: int | None, *, method: str, prompt_len: int, respo
     """One learner step in this process; returns the growth of peak RSS (MiB) and the step time."""
     import torch
 
+    from steadyrl.config.train import OptimConfig
     from steadyrl.control import build_controllers
     from steadyrl.methods import resolve_method
     from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
     from steadyrl.rollout.rollouts import Rollouts
-    from steadyrl.train.config import OptimConfig
     from steadyrl.train.learner import Learner
 
     torch.set_num_threads(1)

@@ -65,9 +65,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from steadyrl.config.train import TrainConfig
 from steadyrl.models import ModelConfig, load_policy
 from steadyrl.tasks import ChainSumConfig, Problem, Task, build_task
-from steadyrl.train.config import TrainConfig
 
 #: Prompts per optimizer step and responses per prompt (both sides).
 PROMPTS, GROUP = 16, 8

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import load_config
+from steadyrl.config.io import load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.train.entry import SOURCES
 from steadyrl.train.loop import train
 from steadyrl.train.metrics import read_metrics

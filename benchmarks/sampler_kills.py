@@ -52,9 +52,9 @@ class _KillSampler0:
 
 def one_run(out: str, cache: str, steps: int) -> int:
     """The child: train with the killing source; 0 when all steps trained, :data:`GAVE_UP` on SamplerDiedError."""
+    from steadyrl.config.io import load_config
+    from steadyrl.config.train import TrainConfig
     from steadyrl.runtime.concurrent import SamplerDiedError
-    from steadyrl.train.config import TrainConfig
-    from steadyrl.train.configio import load_config
     from steadyrl.train.entry import local_source
     from steadyrl.train.loop import train
 

@@ -33,12 +33,12 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from steadyrl.config.io import load_config
+from steadyrl.config.train import MAIN_JOB_TASK, TrainConfig
 from steadyrl.models import ModelConfig, load_policy
 from steadyrl.rollout import Rollouts, generate
 from steadyrl.rollout.vllm_engine import VLLMEngine, VLLMSettings, engine_mismatch
 from steadyrl.tasks import build_task
-from steadyrl.train.config import MAIN_JOB_TASK, TrainConfig
-from steadyrl.train.configio import load_config
 from steadyrl.train.entry import run
 from steadyrl.train.metrics import read_metrics
 

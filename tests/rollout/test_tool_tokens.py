@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from steadyrl.config.train import OptimConfig
 from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models.tiny import build_tiny_model
@@ -24,7 +25,6 @@ from steadyrl.rollout.multiturn import ToolCallFormat, generate_multiturn
 from steadyrl.rollout.rollouts import PAD_VERSION, Rollouts, TokenBatch, concat, trim_padding
 from steadyrl.rollout.tool_metrics import tool_metrics_from_rollouts
 from steadyrl.tools import ToolResult
-from steadyrl.train.config import OptimConfig
 from steadyrl.train.grad_norms import GRAD_NORM_METHODS, per_trajectory_grad_sq_norms
 from steadyrl.train.learner import Learner
 from tests.rollout.conftest import TEST_ARCH

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import load_config
+from steadyrl.config.io import load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.train.loop import StopFlag, train
 from steadyrl.train.metrics import read_metrics
 

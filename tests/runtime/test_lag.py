@@ -117,8 +117,8 @@ def test_restart_serves_the_given_weights_until_newer_ones_are_published(schedul
 
 
 def test_lag_sampler_restart_reloads_the_sampler() -> None:
+    from steadyrl.config.train import SamplingConfig
     from steadyrl.runtime.lag import LagSampler
-    from steadyrl.train.config import SamplingConfig
 
     model = Tied()
     sampler = LagSampler(model=model, tokenizer=None, schedule=LagSchedule(kind="pipeline", lag=2),

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from steadyrl.base.device import Float32OutputLinear, Placement
+from steadyrl.config.train import SamplingConfig
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.sampler import generate
 from steadyrl.runtime.lag import LagSampler, LagSchedule, SnapshotRing
-from steadyrl.train.config import SamplingConfig
 
 ARCH = TinyArchConfig(hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32)
 PROMPTS = ["12+7=", "3-9=", "40+2="]

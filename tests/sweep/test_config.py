@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.sweep.config import (
     MAX_NAME,
     SweepConfig,
@@ -18,8 +20,6 @@ from steadyrl.sweep.config import (
     run_name,
 )
 from steadyrl.sweep.entry import resolve_sweep_path, shipped_sweeps, sweep_main
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
 from tests.sweep.conftest import plan
 
 

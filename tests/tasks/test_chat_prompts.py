@@ -13,11 +13,11 @@ from pydantic import ValidationError
 from tokenizers import processors
 from transformers import PreTrainedTokenizerFast
 
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.models.tokenizer import BOS_TOKEN, build_char_tokenizer
 from steadyrl.tasks import ChatTemplateError, Gsm8kConfig, MathConfig, build_task, parse_task_config
 from steadyrl.tasks.prompts import GSM8K_TOOL_SYSTEM_PROMPT, adds_bos, render_chat
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
 
 #: ChatML-like: ``<|im_start|>role\ncontent<|im_end|>\n`` per message, then the assistant header.
 CHATML = (

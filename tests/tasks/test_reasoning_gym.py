@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.models.tokenizer import build_char_tokenizer
 from steadyrl.tasks import ChatTemplateError, ReasoningGymTask, ReasoningGymTaskConfig, build_task, parse_task_config
 from steadyrl.tasks.reasoning_gym_task import (
@@ -18,8 +20,6 @@ from steadyrl.tasks.reasoning_gym_task import (
     safe_for_eval,
 )
 from steadyrl.tasks.rg_catalog import LIST_COMMAND, dataset_names, main
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
 
 #: ChatML-like: ``<|im_start|>role\ncontent<|im_end|>\n`` per message, then the assistant header.
 CHATML = (

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from steadyrl.config.train import ToolsConfig
 from steadyrl.models import build_char_tokenizer
 from steadyrl.models.tokenizer import CHARSET
 from steadyrl.models.warmstart import demonstration_batch
 from steadyrl.rollout.multiturn import ToolCallFormat
 from steadyrl.tasks import ChainSumConfig, ChainSumToolConfig, ChainSumToolTask, Problem, ToolDemonstrations, build_task
 from steadyrl.tasks import tool_arithmetic as ta
-from steadyrl.train.config import ToolsConfig
 
 
 def _task(**overrides: object) -> ChainSumToolTask:

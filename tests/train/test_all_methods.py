@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.methods import PRESETS
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
 from steadyrl.train.entry import main
 from steadyrl.train.metrics import read_metrics
 

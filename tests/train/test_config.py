@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import ConfigError, _all_keys, format_help, load_config
+from steadyrl.config.io import ConfigError, _all_keys, format_help, load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.train.entry import main
 
 CONFIGS = sorted(p for p in resources.files("steadyrl.configs").iterdir() if p.name.endswith(".yaml"))
@@ -69,7 +69,7 @@ def test_config_errors_name_the_key(overrides: list[str], pattern: str) -> None:
 
 
 def test_a_method_needing_inputs_the_learner_cannot_make_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import steadyrl.train.config as config_module
+    import steadyrl.config.train as config_module
 
     monkeypatch.setattr(config_module, "PROVIDED_INPUTS", config_module.PROVIDED_INPUTS - {"sum_p2"})
     with pytest.raises(ConfigError, match=r"method 'otb' needs batch inputs \['sum_p2'\]"):

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from steadyrl.train.configio import ConfigError, format_help, load_config, parse_override
+from steadyrl.config.io import ConfigError, format_help, load_config, parse_override
 
 
 class _S(BaseModel):

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from steadyrl.config.critic import CriticConfig
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import OptimConfig, TrainConfig
 from steadyrl.control import build_controllers
 from steadyrl.core.advantages.vtrace import copc_advantages
 from steadyrl.core.kl import last_token_mask
@@ -22,9 +25,7 @@ from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
 from steadyrl.train.checkpoint import list_checkpoints
-from steadyrl.train.config import OptimConfig, TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
-from steadyrl.train.critic import Critic, CriticConfig, explained_variance, value_loss
+from steadyrl.train.critic import Critic, explained_variance, value_loss
 from steadyrl.train.entry import main
 from steadyrl.train.learner import Learner
 from steadyrl.train.metrics import read_metrics

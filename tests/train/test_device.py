@@ -14,14 +14,14 @@ import torch
 
 from steadyrl.base.device import DeviceError, Float32OutputLinear, Placement, resolve_device
 from steadyrl.base.seeding import generator
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import OptimConfig, TrainConfig
 from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.sampler import generate
 from steadyrl.train import learner as learner_module
-from steadyrl.train.config import OptimConfig, TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
 from steadyrl.train.entry import main
 from steadyrl.train.learner import Learner
 from steadyrl.train.metrics import read_metrics

@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 from steadyrl.base.device import Placement
+from steadyrl.config.guard import GuardConfig
+from steadyrl.config.train import OptimConfig
 from steadyrl.control import build_controllers
 from steadyrl.integrations import step_control as step_control_module
 from steadyrl.integrations.step_control import StepControl
@@ -24,8 +26,7 @@ from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_mod
 from steadyrl.rollout.sampler import generate
 from steadyrl.train import checkpoint as ckpt
 from steadyrl.train import guard as guard_module
-from steadyrl.train.config import OptimConfig
-from steadyrl.train.guard import CollapseGuard, GuardConfig
+from steadyrl.train.collapse_guard import CollapseGuard
 from steadyrl.train.learner import Learner
 
 pytestmark = pytest.mark.filterwarnings("ignore:for .* copying from a non-meta parameter:UserWarning")

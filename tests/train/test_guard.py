@@ -11,13 +11,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from steadyrl.config.guard import GuardConfig
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.methods import resolve_method
 from steadyrl.runtime.lag import cpu_state
 from steadyrl.train import checkpoint as ckpt
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
+from steadyrl.train.collapse_guard import GUARD_FILE, CollapseDetector, read_alarms, tighten_method
 from steadyrl.train.entry import lag_source, main
-from steadyrl.train.guard import GUARD_FILE, CollapseDetector, GuardConfig, read_alarms, tighten_method
 from steadyrl.train.loop import train
 from steadyrl.train.metrics import read_metrics
 

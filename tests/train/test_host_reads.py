@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from steadyrl.config.train import OptimConfig
 from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.sampler import generate
-from steadyrl.train.config import OptimConfig
 from steadyrl.train.learner import Learner
 
 SRC = str(Path(__import__("steadyrl").__file__).parent)

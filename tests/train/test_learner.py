@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from steadyrl.config.train import OptimConfig
 from steadyrl.control import build_controllers
 from steadyrl.methods import compute_loss, resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
@@ -14,7 +15,6 @@ from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
 from steadyrl.train import learner as learner_module
-from steadyrl.train.config import OptimConfig
 from steadyrl.train.learner import Learner, aggregate_metrics, group_minibatches
 
 ARCH = TinyArchConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)

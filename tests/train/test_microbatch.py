@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from steadyrl.config.train import OptimConfig
 from steadyrl.control import build_controllers
 from steadyrl.methods import PRESETS, resolve_method
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
-from steadyrl.train.config import OptimConfig
 from steadyrl.train.learner import Learner
 from steadyrl.train.microbatch import plan_microbatches, row_widths
 
@@ -167,7 +167,7 @@ def test_a_critic_that_trains_the_trunk_gets_its_hidden_state_gradient_through_t
     model64, batch
 ) -> None:  # type: ignore[no-untyped-def]
     """COPC with ``critic.trunk_grad``: ∂L/∂hidden flows back through pass 2 (a random head, so it is not zero)."""
-    from steadyrl.train.critic import CriticConfig
+    from steadyrl.config.critic import CriticConfig
 
     def grad(trunk: bool, **optim: object) -> torch.Tensor:
         model = copy.deepcopy(model64)

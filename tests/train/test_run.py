@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import load_config
+from steadyrl.config.io import load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.train.entry import lag_source, main
 from steadyrl.train.loop import StopFlag, train
 from steadyrl.train.metrics import read_metrics

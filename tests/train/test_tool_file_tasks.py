@@ -14,14 +14,14 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from steadyrl.config.io import load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
 from steadyrl.rollout import multiturn
 from steadyrl.rollout.multiturn import generate_multiturn, score_final
 from steadyrl.tasks import Gsm8kConfig, MathConfig, Task, build_task
 from steadyrl.tasks.prompts import GSM8K_TOOL_SYSTEM_PROMPT, MATH_TOOL_SYSTEM_PROMPT, render_chat
 from steadyrl.tools import SandboxConfig, SandboxPool
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import load_config
 from steadyrl.train.entry import main
 from steadyrl.train.metrics import read_metrics
 from tests.rollout.test_multiturn import ScriptedLM

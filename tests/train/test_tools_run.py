@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import ToolsConfig, TrainConfig
 from steadyrl.rollout.multiturn import SharedCalls
 from steadyrl.rollout.rollouts import TOOL_VERSION, Rollouts
 from steadyrl.tools import ToolResult
 from steadyrl.train import learner as learner_module
-from steadyrl.train.config import ToolsConfig, TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
 from steadyrl.train.entry import main
 from steadyrl.train.metrics import read_metrics
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import RolloutConfig, TrainConfig
 from steadyrl.rollout.vllm_engine import SETUP_HINT, VLLMSettings, engine_from_config, vllm_available
-from steadyrl.train.config import RolloutConfig, TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
 from steadyrl.train.entry import main
 
 

@@ -58,7 +58,7 @@ from steadyrl.runtime.worker import SamplerSpec
 from steadyrl.tasks import Problem, Task
 
 if TYPE_CHECKING:
-    from steadyrl.train.config import TrainConfig
+    from steadyrl.config.train import TrainConfig
 
 #: A sampler restarted this many times without delivering a group in between ends the run with an error.
 MAX_RESTARTS_WITHOUT_PROGRESS = 3

@@ -58,7 +58,7 @@ from steadyrl.tasks import Problem, Task
 from steadyrl.tools import SandboxPool
 
 if TYPE_CHECKING:
-    from steadyrl.train.config import SamplingConfig, TrainConfig
+    from steadyrl.config.train import SamplingConfig, TrainConfig
 
 Schedule = Literal["pipeline", "periodic"]
 

@@ -54,7 +54,7 @@ except ImportError as _err:  # one line saying what to install
     raise ImportError(MISSING_RAY) from _err
 
 if TYPE_CHECKING:
-    from steadyrl.train.config import TrainConfig
+    from steadyrl.config.train import TrainConfig
 
 #: Seconds a sampler's claim call blocks in the coordinator at most before it returns empty-handed and is repeated.
 CLAIM_WAIT_S = 1.0

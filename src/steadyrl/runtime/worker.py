@@ -33,7 +33,7 @@ from steadyrl.tasks import build_task
 from steadyrl.tools import SandboxPool
 
 if TYPE_CHECKING:
-    from steadyrl.train.config import TrainConfig
+    from steadyrl.config.train import TrainConfig
 
 
 class SamplerChannel(Protocol):

@@ -45,8 +45,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import TrainConfig
 
 #: Keys a sweep sets itself for every run (``seed`` comes from ``seeds``, threads from ``threads``).
 RESERVED_KEYS = ("out_dir", "resume", "overwrite", "seed", "runtime.threads")

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from steadyrl.train.configio import ConfigError, format_help, parse_command_line, resolve_named_file, shipped_yaml
+from steadyrl.config.io import ConfigError, format_help, parse_command_line, resolve_named_file, shipped_yaml
 
 if TYPE_CHECKING:
     from steadyrl.sweep.config import SweepConfig

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from steadyrl.config.io import ConfigError, read_yaml
 from steadyrl.sweep.config import RUNS_FILE, SWEEP_FILE, RunEntry, entry_of_run, read_runs
 from steadyrl.sweep.results import (
     AGGREGATED,
@@ -46,8 +47,7 @@ from steadyrl.sweep.results import (
     run_row,
     summary_rows,
 )
-from steadyrl.train.configio import ConfigError, read_yaml
-from steadyrl.train.guard import read_alarms
+from steadyrl.train.collapse_guard import read_alarms
 from steadyrl.train.metrics import METRICS_FILE, read_metrics
 
 REPORT_FILE = "report.html"
@@ -346,8 +346,8 @@ def _sweep_parts(src: Path) -> tuple[str, list[str], list[Plot]]:
 
 
 def _run_parts(src: Path) -> tuple[str, list[str], list[Plot]]:
-    from steadyrl.train.config import TrainConfig
-    from steadyrl.train.configio import load_config
+    from steadyrl.config.io import load_config
+    from steadyrl.config.train import TrainConfig
     from steadyrl.train.loop import CONFIG_FILE
 
     try:

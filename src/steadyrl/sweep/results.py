@@ -35,7 +35,7 @@ from typing import Any
 
 from steadyrl.sweep.config import RunEntry
 from steadyrl.sweep.stats import mean_ci
-from steadyrl.train.guard import read_alarms
+from steadyrl.train.collapse_guard import read_alarms
 from steadyrl.train.loop import summarize
 from steadyrl.train.metrics import METRICS_FILE, TIMINGS_FILE, read_metrics
 

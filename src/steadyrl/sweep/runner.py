@@ -42,11 +42,11 @@ from typing import IO, Any, Literal
 from tqdm.auto import tqdm
 
 from steadyrl.base.device import GpuSlots
+from steadyrl.config.io import ConfigError, load_config, read_yaml
 from steadyrl.sweep.config import RunSpec, SweepError, config_differences, config_hash
 from steadyrl.sweep.results import is_train_record, run_status
 from steadyrl.sweep.warmstarts import WarmStartJob, describe, finished_message, warm_start_command
 from steadyrl.train.checkpoint import list_checkpoints
-from steadyrl.train.configio import ConfigError, load_config, read_yaml
 from steadyrl.train.metrics import METRICS_FILE, read_metrics
 
 #: Each run's combined stdout and stderr, in its directory.
@@ -96,7 +96,7 @@ def _existing_hash(run_dir: Path) -> tuple[str, dict[str, Any]] | None:
     path = run_dir / RUN_CONFIG
     if not path.is_file():
         return None
-    from steadyrl.train.config import TrainConfig
+    from steadyrl.config.train import TrainConfig
 
     try:
         cfg = load_config(TrainConfig, path=path)

@@ -163,11 +163,11 @@ def finished_message(job: WarmStartJob, seconds: float) -> str:
 
 def warm_start_main(argv: Sequence[str]) -> int:
     """The worker: ``PROGRESS_FILE CONFIG overrides...``; builds the run's warm start (if still missing)."""
+    from steadyrl.config.io import load_config
+    from steadyrl.config.train import TrainConfig
     from steadyrl.models.load import default_model_dir
     from steadyrl.sweep.runner import EXIT_INTERRUPTED
     from steadyrl.tasks import build_task
-    from steadyrl.train.config import TrainConfig
-    from steadyrl.train.configio import load_config
 
     progress_path, config_path, *overrides = argv
     cfg = load_config(TrainConfig, path=Path(config_path), overrides=overrides)

@@ -1,6 +1,6 @@
 """The learner and the training job of ``steadyrl train``: config, learner step, driver, metrics, checkpoints, plot.
 
-``steadyrl.train.config.TrainConfig`` describes a run; ``steadyrl.train.entry.run(cfg)`` trains it with the runtime
+``steadyrl.config.train.TrainConfig`` describes a run; ``steadyrl.train.entry.run(cfg)`` trains it with the runtime
 it names; ``steadyrl.train.learner.Learner`` is the learner step alone, for use under another driver.
 Submodules are imported on use, so ``import steadyrl.train`` stays light.
 """

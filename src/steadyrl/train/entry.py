@@ -12,8 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import (
+from steadyrl.config.io import (
     ConfigError,
     format_help,
     load_config,
@@ -21,6 +20,7 @@ from steadyrl.train.configio import (
     resolve_named_file,
     shipped_yaml,
 )
+from steadyrl.config.train import TrainConfig
 
 USAGE = """usage: steadyrl train [CONFIG] [key=value ...] [--print-config]
 

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from steadyrl.config.train import EvalConfig
 from steadyrl.rollout.accuracy import Accuracy, sampled_accuracy_of
 from steadyrl.rollout.multiturn import ToolUse
 from steadyrl.tasks import Problem, Task
-from steadyrl.train.config import EvalConfig
 
 #: top_k of greedy decoding.
 GREEDY_TOP_K = 1

@@ -48,6 +48,8 @@ import torch
 from torch import Tensor, nn
 
 from steadyrl.base.device import Placement, host_values, to_device
+from steadyrl.config.critic import CriticConfig
+from steadyrl.config.train import OptimConfig
 from steadyrl.control.base import SKIP_STEP, Controller, grad_parts, parts_like
 from steadyrl.core.gac import grad_cosine
 from steadyrl.methods import compute_loss
@@ -55,8 +57,7 @@ from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec
 from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
-from steadyrl.train.config import OptimConfig
-from steadyrl.train.critic import Critic, CriticConfig
+from steadyrl.train.critic import Critic
 from steadyrl.train.grad_norms import GhostPass, GradNormMethod, per_trajectory_grad_sq_norms
 from steadyrl.train.microbatch import plan_microbatches, scatter_rows, take_rows
 

@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from steadyrl.base.extras import install_line
-from steadyrl.train.configio import flatten
+from steadyrl.config.io import flatten
 
 if TYPE_CHECKING:
-    from steadyrl.train.config import LogConfig
+    from steadyrl.config.train import LogConfig
 
 WANDB_DIR = "wandb"
 WANDB_STATE = "wandb_run.json"

@@ -12,9 +12,9 @@ For learner step t = 0 … steps − 1:
 After the last step: a final evaluation (the line ``step = steps``), a checkpoint, the plot and a summary. Ctrl-C
 asks the run to stop after the current step: it then checkpoints, plots and returns (a second Ctrl-C aborts at once).
 
-The collapse guard (:mod:`steadyrl.train.guard`, ``guard.mode``) judges every step's record before it is written
-(adding ``guard/*`` metrics); on alarm it warns, stops the run after that step (checkpoint, final eval, summary with
-its reason), or rolls back to its last healthy snapshot and restarts the rollout source from it.
+The collapse guard (:mod:`steadyrl.train.collapse_guard`, ``guard.mode``) judges every step's record before it is
+written (adding ``guard/*`` metrics); on alarm it warns, stops the run after that step (checkpoint, final eval,
+summary with its reason), or rolls back to its last healthy snapshot and restarts the rollout source from it.
 
 This module does not know which runtime produces the batches: :func:`train` takes a factory for any object with the
 :class:`RolloutSource` methods (``steadyrl.train.entry`` passes the lag runtime's).
@@ -40,6 +40,8 @@ from tqdm.auto import tqdm
 
 from steadyrl.base.device import Placement
 from steadyrl.base.seeding import generator
+from steadyrl.config.io import flatten
+from steadyrl.config.train import TrainConfig
 from steadyrl.control import build_controllers
 from steadyrl.models import load_policy
 from steadyrl.rollout.scored import ScoredRollouts
@@ -47,10 +49,8 @@ from steadyrl.rollout.tool_metrics import tool_metrics_from_rollouts
 from steadyrl.tasks import Problem, Task, build_task
 from steadyrl.tools import SandboxPool
 from steadyrl.train import checkpoint as ckpt
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import flatten
+from steadyrl.train.collapse_guard import GUARD_FILE, CollapseGuard
 from steadyrl.train.evaluate import EvalResult, evaluate
-from steadyrl.train.guard import GUARD_FILE, CollapseGuard
 from steadyrl.train.learner import Learner
 from steadyrl.train.log_sinks import TRACKER_FILES, open_trackers, require_trackers
 from steadyrl.train.metrics import METRICS_FILE, TB_DIR, TIMINGS_FILE, MetricsOffsets, MetricsWriter, read_metrics

@@ -312,8 +312,12 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-_BOUNDS = ((annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"), (annotated_types.Le, "le", "<="),
-           (annotated_types.Lt, "lt", "<"))
+_BOUNDS = (
+    (annotated_types.Ge, "ge", ">="),
+    (annotated_types.Gt, "gt", ">"),
+    (annotated_types.Le, "le", "<="),
+    (annotated_types.Lt, "lt", "<"),
+)
 
 
 def _bounds(info: FieldInfo) -> str:
@@ -359,8 +363,10 @@ def _help_lines(model: type[BaseModel], prefix: str, indent: str, defaults: Base
             disc = _discriminator(info)
             if len(variants) > 1 and disc is not None:
                 tags = [_tag(v, disc) for v in variants]
-                yield f"{indent}{key}  [section; {key}.{disc} = {'|'.join(str(t) for t in tags)}; default " \
+                yield (
+                    f"{indent}{key}  [section; {key}.{disc} = {'|'.join(str(t) for t in tags)}; default "
                     f"{_default(info, value)}]  {desc}".rstrip()
+                )
                 for v in variants:
                     yield f"{indent}  when {key}.{disc}={_tag(v, disc)}:"
                     yield from _help_lines(v, f"{key}.", indent + "    ", value if isinstance(value, v) else None)
@@ -373,8 +379,9 @@ def _help_lines(model: type[BaseModel], prefix: str, indent: str, defaults: Base
         pad = max(1, HELP_KEY_WIDTH - len(head))
         yield f"{head}{' ' * pad}{spec}"
         if desc:
-            yield from textwrap.wrap(desc, width=HELP_WIDTH, initial_indent=indent + " " * 4,
-                                     subsequent_indent=indent + " " * 4)
+            yield from textwrap.wrap(
+                desc, width=HELP_WIDTH, initial_indent=indent + " " * 4, subsequent_indent=indent + " " * 4
+            )
 
 
 def format_help(model: type[BaseModel]) -> str:

@@ -24,6 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.base.device import DEVICE_PATTERN, Precision
+from steadyrl.config.critic import CriticConfig
+from steadyrl.config.guard import GuardConfig
 from steadyrl.methods.resolve import required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
 from steadyrl.models import DEFAULT_MODEL_NAME, ModelConfig
@@ -31,8 +33,6 @@ from steadyrl.pool.config import PoolConfig
 from steadyrl.rollout.multiturn import SharedCalls, ToolCallFormat, ToolRunner, ToolUse
 from steadyrl.tasks.config import ChainSumConfig, TaskConfig
 from steadyrl.tools.config import SandboxConfig
-from steadyrl.train.critic import CriticConfig
-from steadyrl.train.guard import GuardConfig
 
 #: Batch tensors the learner of ``steadyrl train`` can hand to ``compute_loss`` (see ``steadyrl.train.learner``).
 PROVIDED_INPUTS: frozenset[str] = frozenset(
@@ -64,8 +64,12 @@ class _Section(BaseModel):
 class MethodConfig(_Section):
     """The RL method: a preset or ``+`` composition and its options (validated by ``steadyrl.methods``)."""
 
-    name: str = Field("seq_tis+ess_lr", min_length=1, description="Preset or composition, e.g. grpo, seq_tis, vcpo,"
-                      " seq_tis+ess_lr, seq_tis+gac (`steadyrl methods` lists them).")
+    name: str = Field(
+        "seq_tis+ess_lr",
+        min_length=1,
+        description="Preset or composition, e.g. grpo, seq_tis, vcpo,"
+        " seq_tis+ess_lr, seq_tis+gac (`steadyrl methods` lists them).",
+    )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Method options by dotted name, e.g. {seq_tis.cap: 4, agg: token-mean}; they may also be "
@@ -112,12 +116,27 @@ class MethodConfig(_Section):
 class SamplingConfig(_Section):
     """How the sampler draws G responses per prompt."""
 
-    max_new_tokens: int = Field(12, ge=1, le=MAX_NEW_TOKENS, description="Response length cap (tokens, EOS "
-                                "included); a response that hits it is truncated (reward as scored).")
-    temperature: float = Field(1.0, gt=0, le=100, description="Sampling temperature; the learner's log-probs use "
-                               "the same temperature, so at lag 0 the importance ratio is 1.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus truncation (1 = off). behav_logp is recorded under "
-                         "the truncated distribution, so top_p < 1 is itself an off-policy mismatch.")
+    max_new_tokens: int = Field(
+        12,
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        description="Response length cap (tokens, EOS "
+        "included); a response that hits it is truncated (reward as scored).",
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        le=100,
+        description="Sampling temperature; the learner's log-probs use "
+        "the same temperature, so at lag 0 the importance ratio is 1.",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Nucleus truncation (1 = off). behav_logp is recorded under "
+        "the truncated distribution, so top_p < 1 is itself an off-policy mismatch.",
+    )
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
 
 
@@ -129,24 +148,48 @@ class RolloutConfig(_Section):
     (needs vLLM: ``bash scripts/setup_vllm.sh``, then ``.venv-vllm/bin/steadyrl``). The other fields apply to vllm only.
     """
 
-    engine: Literal["transformers", "vllm"] = Field("transformers", description="transformers: steadyrl's own "
-                                                     "KV-cache sampler; vllm: a vLLM engine (CPU build here, the "
-                                                     "device where vLLM finds one). vllm adds the mismatch/* metrics "
-                                                     "in runtime.mode=lag.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="vllm: dtype of the engine's "
-                                                             "weights and activations (the trainer keeps model.dtype);"
-                                                             " lower precision shows up in mismatch/*.")
-    kv_cache_gb: float | None = Field(1.0, gt=0, le=65_536, description="vllm: KV-cache memory in GiB (CPU RAM, or "
-                                      "device memory on a GPU); null: vLLM sizes it from gpu_memory_utilization.")
-    max_model_len: int | None = Field(None, ge=2, le=10_000_000, description="vllm: longest prompt + response in "
-                                      "tokens (null: the model's max_position_embeddings).")
-    enforce_eager: bool = Field(True, description="vllm: no CUDA graphs or torch.compile (fast start-up; on a GPU, "
-                                "false decodes faster after a slower start).")
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vllm: fraction of device memory (CPU: RAM) "
-                                          "vLLM may take when kv_cache_gb is null; keep room for the learner when "
-                                          "both share a GPU.")
-    max_num_seqs: int | None = Field(None, ge=1, le=MAX_BATCH, description="vllm: rows decoded together (null: "
-                                     "vLLM's default).")
+    engine: Literal["transformers", "vllm"] = Field(
+        "transformers",
+        description="transformers: steadyrl's own "
+        "KV-cache sampler; vllm: a vLLM engine (CPU build here, the "
+        "device where vLLM finds one). vllm adds the mismatch/* metrics "
+        "in runtime.mode=lag.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="vllm: dtype of the engine's "
+        "weights and activations (the trainer keeps model.dtype);"
+        " lower precision shows up in mismatch/*.",
+    )
+    kv_cache_gb: float | None = Field(
+        1.0,
+        gt=0,
+        le=65_536,
+        description="vllm: KV-cache memory in GiB (CPU RAM, or "
+        "device memory on a GPU); null: vLLM sizes it from gpu_memory_utilization.",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=2,
+        le=10_000_000,
+        description="vllm: longest prompt + response in tokens (null: the model's max_position_embeddings).",
+    )
+    enforce_eager: bool = Field(
+        True,
+        description="vllm: no CUDA graphs or torch.compile (fast start-up; on a GPU, "
+        "false decodes faster after a slower start).",
+    )
+    gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="vllm: fraction of device memory (CPU: RAM) "
+        "vLLM may take when kv_cache_gb is null; keep room for the learner when "
+        "both share a GPU.",
+    )
+    max_num_seqs: int | None = Field(
+        None, ge=1, le=MAX_BATCH, description="vllm: rows decoded together (null: vLLM's default)."
+    )
 
 
 class OptimConfig(_Section):
@@ -157,23 +200,46 @@ class OptimConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW decoupled weight decay.")
     grad_clip: float | None = Field(1.0, gt=0, description="Clip the global gradient norm to this (None: no clip).")
     warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear lr warm-up over this many optimizer steps.")
-    updates_per_batch: int = Field(1, ge=1, le=1024, description="Passes over each batch (PPO epochs); > 1 makes "
-                                   "the learner recompute prox_logp before the first pass.")
-    minibatches: int = Field(1, ge=1, le=MAX_BATCH, description="Optimizer steps per pass; the batch is split by "
-                             "groups, so it must divide prompts_per_step.")
-    microbatch_tokens: int | None = Field(None, ge=1, le=1 << 40, description="Token budget of one forward/backward "
-                                          "(rows × padded prompt+response length); the optimizer step's batch is "
-                                          "split into micro-batches that fit and the gradient is accumulated exactly "
-                                          "(steadyrl.train.microbatch; docs/scale.md). None: one pass.")
-    share_prompts: bool = Field(True, description="Learner forwards run each distinct prompt once and its G "
-                                "responses against its KV cache (steadyrl.rollout.logprobs; the same log-probs and "
-                                "gradient up to float rounding). False: one forward over [prompt; response] per row.")
-    fused: bool = Field(False, description="PyTorch's fused AdamW kernel (CPU and CUDA): 2.7× faster on 135M "
-                        "parameters on one CPU thread (benchmarks/cpu_kernels.py, docs/scale.md), equal to the default "
-                        "for-loop AdamW to ~2e-7 but not bit for bit (the shipped results were measured with false).")
-    activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in the "
-                                           "backward instead of storing them (transformers gradient checkpointing, "
-                                           "non-reentrant): less memory, about one more forward of time.")
+    updates_per_batch: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Passes over each batch (PPO epochs); > 1 makes "
+        "the learner recompute prox_logp before the first pass.",
+    )
+    minibatches: int = Field(
+        1,
+        ge=1,
+        le=MAX_BATCH,
+        description="Optimizer steps per pass; the batch is split by groups, so it must divide prompts_per_step.",
+    )
+    microbatch_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 40,
+        description="Token budget of one forward/backward "
+        "(rows × padded prompt+response length); the optimizer step's batch is "
+        "split into micro-batches that fit and the gradient is accumulated exactly "
+        "(steadyrl.train.microbatch; docs/scale.md). None: one pass.",
+    )
+    share_prompts: bool = Field(
+        True,
+        description="Learner forwards run each distinct prompt once and its G "
+        "responses against its KV cache (steadyrl.rollout.logprobs; the same log-probs and "
+        "gradient up to float rounding). False: one forward over [prompt; response] per row.",
+    )
+    fused: bool = Field(
+        False,
+        description="PyTorch's fused AdamW kernel (CPU and CUDA): 2.7× faster on 135M "
+        "parameters on one CPU thread (benchmarks/cpu_kernels.py, docs/scale.md), equal to the default "
+        "for-loop AdamW to ~2e-7 but not bit for bit (the shipped results were measured with false).",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the "
+        "backward instead of storing them (transformers gradient checkpointing, "
+        "non-reentrant): less memory, about one more forward of time.",
+    )
 
     @field_validator("betas")
     @classmethod
@@ -186,10 +252,16 @@ class OptimConfig(_Section):
 class EvalConfig(_Section):
     """Held-out accuracy on a fixed set of eval problems: at step 0, every ``every`` steps and at the end."""
 
-    every: int = Field(25, ge=0, le=MAX_STEPS, description="Evaluate every this many learner steps (0: only at "
-                       "step 0 and at the end).")
-    n: int = Field(512, ge=1, le=1_000_000, description="Number of held-out problems (the same set at every eval). "
-                   "Keep it >= 256: at 512 the standard error of an accuracy near 0.4 is about 0.02.")
+    every: int = Field(
+        25, ge=0, le=MAX_STEPS, description="Evaluate every this many learner steps (0: only at step 0 and at the end)."
+    )
+    n: int = Field(
+        512,
+        ge=1,
+        le=1_000_000,
+        description="Number of held-out problems (the same set at every eval). "
+        "Keep it >= 256: at 512 the standard error of an accuracy near 0.4 is about 0.02.",
+    )
     greedy: bool = Field(False, description="Greedy decoding (top_k = 1) instead of sampling.")
     temperature: float = Field(1.0, gt=0, le=100, description="Sampling temperature of the eval (ignored if greedy).")
     batch_size: int = Field(512, ge=1, le=MAX_BATCH, description="Prompts per generate call during eval.")
@@ -198,15 +270,21 @@ class EvalConfig(_Section):
 class DataConfig(_Section):
     """Where training prompts come from."""
 
-    train_pool: int = Field(8192, ge=1, le=10_000_000, description="Number of train problems drawn from the task "
-                            "once; steps walk through them in a seeded order, reshuffled every epoch.")
+    train_pool: int = Field(
+        8192,
+        ge=1,
+        le=10_000_000,
+        description="Number of train problems drawn from the task "
+        "once; steps walk through them in a seeded order, reshuffled every epoch.",
+    )
 
 
 class CheckpointConfig(_Section):
     """Periodic checkpoints under ``<out_dir>/checkpoints`` (atomic; the newest ``keep`` are kept)."""
 
-    every: int = Field(100, ge=0, le=MAX_STEPS, description="Save every this many learner steps (0: only at the end "
-                       "and on Ctrl-C).")
+    every: int = Field(
+        100, ge=0, le=MAX_STEPS, description="Save every this many learner steps (0: only at the end and on Ctrl-C)."
+    )
     keep: int = Field(2, ge=1, le=1000, description="Checkpoints to keep (older ones are deleted).")
 
 
@@ -226,37 +304,76 @@ class RuntimeConfig(_Section):
         "periodic: the sampler takes the learner's weights every refresh_every steps (OAPL's setting).",
     )
     refresh_every: int = Field(50, ge=1, le=MAX_STEPS, description="Steps between sampler refreshes (periodic only).")
-    threads: int = Field(2, ge=0, le=1024, description="torch CPU threads of the learner process (0: torch's "
-                         "default); the warm start uses its own model.warm_start.threads. Byte-identical "
-                         "metrics need the same thread count.")
-    deterministic: bool = Field(True, description="torch.use_deterministic_algorithms (warn_only) during the run: "
-                                "with 2+ threads the CPU's default index_put_ accumulate (the backward of indexing) "
-                                "adds in thread order, so two runs of one config differed at float rounding from "
-                                "step 13 (docs/results.md, Reproducibility). false: torch's defaults.")
+    threads: int = Field(
+        2,
+        ge=0,
+        le=1024,
+        description="torch CPU threads of the learner process (0: torch's "
+        "default); the warm start uses its own model.warm_start.threads. Byte-identical "
+        "metrics need the same thread count.",
+    )
+    deterministic: bool = Field(
+        True,
+        description="torch.use_deterministic_algorithms (warn_only) during the run: "
+        "with 2+ threads the CPU's default index_put_ accumulate (the backward of indexing) "
+        "adds in thread order, so two runs of one config differed at float rounding from "
+        "step 13 (docs/results.md, Reproducibility). false: torch's defaults.",
+    )
     samplers: int = Field(1, ge=1, le=1024, description="local/ray: number of sampler processes (actors).")
     sampler_threads: int = Field(1, ge=1, le=1024, description="local/ray: torch CPU threads of each sampler.")
-    sampler_device: str = Field("cpu", pattern=r"^(cpu|learner|auto|cuda|cuda:\d+)$", description="local/ray: where "
-                                "each sampler generates: cpu (float32), learner (the learner's device and "
-                                "precision), auto, cuda or cuda:N (the learner's precision; under bf16-mixed the "
-                                "sampler's linear layers hold bfloat16 weights).")
-    sampler_batch: int = Field(0, ge=0, le=MAX_BATCH, description="local/ray: groups (prompts) a sampler generates "
-                               "per call (0: prompts_per_step / samplers, at least 1).")
-    sync: bool = Field(False, description="local/ray: synchronous mode in the same runtime: samplers generate step "
-                       "t's batch only after the learner published step t's weights, and the learner waits for it "
-                       "(lag 0; the fair baseline for wall-clock comparisons).")
-    inflight: bool = Field(True, description="local/ray: in-flight weight updates: a sampler loads newer weights "
-                           "between decode steps of a batch (the KV cache is kept) and every token records the "
-                           "version that produced it (PipelineRL, AReaL). False: weights change only between calls.")
-    stall_timeout_s: float = Field(600.0, gt=0, le=1e6, description="local/ray: the learner gives up with an error "
-                                   "after waiting this long for a batch with no group arriving.")
-    snapshot_memory_gb: float | None = Field(None, gt=0, le=1 << 20, description="lag: RAM for the ring of stale "
-                                             "weights (lag+1 copies in the model's dtype); copies past it go to "
-                                             "runtime.snapshot_dir as memory-mapped safetensors. None: half the RAM "
-                                             "available at start. A ring that fits neither is an error before step 0.")
-    snapshot_dir: Path | None = Field(None, description="lag: where snapshots past snapshot_memory_gb are written "
-                                      "(None: <out_dir>/snapshots; deleted as the ring moves on).")
-    ray_address: str | None = Field(None, description="ray: address of an existing cluster (e.g. 'ray://head:10001' "
-                                    "or 'auto'); None starts a local Ray with num_cpus = samplers + 1, no dashboard.")
+    sampler_device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|learner|auto|cuda|cuda:\d+)$",
+        description="local/ray: where "
+        "each sampler generates: cpu (float32), learner (the learner's device and "
+        "precision), auto, cuda or cuda:N (the learner's precision; under bf16-mixed the "
+        "sampler's linear layers hold bfloat16 weights).",
+    )
+    sampler_batch: int = Field(
+        0,
+        ge=0,
+        le=MAX_BATCH,
+        description="local/ray: groups (prompts) a sampler generates "
+        "per call (0: prompts_per_step / samplers, at least 1).",
+    )
+    sync: bool = Field(
+        False,
+        description="local/ray: synchronous mode in the same runtime: samplers generate step "
+        "t's batch only after the learner published step t's weights, and the learner waits for it "
+        "(lag 0; the fair baseline for wall-clock comparisons).",
+    )
+    inflight: bool = Field(
+        True,
+        description="local/ray: in-flight weight updates: a sampler loads newer weights "
+        "between decode steps of a batch (the KV cache is kept) and every token records the "
+        "version that produced it (PipelineRL, AReaL). False: weights change only between calls.",
+    )
+    stall_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=1e6,
+        description="local/ray: the learner gives up with an error "
+        "after waiting this long for a batch with no group arriving.",
+    )
+    snapshot_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        le=1 << 20,
+        description="lag: RAM for the ring of stale "
+        "weights (lag+1 copies in the model's dtype); copies past it go to "
+        "runtime.snapshot_dir as memory-mapped safetensors. None: half the RAM "
+        "available at start. A ring that fits neither is an error before step 0.",
+    )
+    snapshot_dir: Path | None = Field(
+        None,
+        description="lag: where snapshots past snapshot_memory_gb are written "
+        "(None: <out_dir>/snapshots; deleted as the ring moves on).",
+    )
+    ray_address: str | None = Field(
+        None,
+        description="ray: address of an existing cluster (e.g. 'ray://head:10001' "
+        "or 'auto'); None starts a local Ray with num_cpus = samplers + 1, no dashboard.",
+    )
 
     def resolved_sampler_batch(self, prompts_per_step: int) -> int:
         """``sampler_batch`` with 0 resolved to its default."""
@@ -273,23 +390,43 @@ class ToolsConfig(_Section):
     is then unused). Rewards score the last model turn only. See docs/tools.md.
     """
 
-    enabled: bool = Field(False, description="Sample multi-turn trajectories with the Python tool (off: single-turn "
-                          "sampling, the model's tool calls are plain text).")
+    enabled: bool = Field(
+        False,
+        description="Sample multi-turn trajectories with the Python tool (off: single-turn "
+        "sampling, the model's tool calls are plain text).",
+    )
     max_turns: int = Field(3, ge=1, le=1024, description="Model turns per trajectory (1: no call is ever run).")
-    max_total_tokens: int = Field(96, ge=1, le=MAX_NEW_TOKENS, description="Cap on a response's tokens, sampled "
-                                  "and tool output together; a trajectory that reaches it is truncated.")
-    max_tool_tokens: int = Field(32, ge=1, le=MAX_NEW_TOKENS, description="Output budget: tokens of one tool "
-                                 "output kept (the rest is cut; the output template stays).")
-    share_calls: bool = Field(False, description="Run each distinct code of one turn once and give its result to "
-                              "every trajectory that wrote it (exact for deterministic code; saves ~0.1 s per "
-                              "duplicate sandbox start).")
+    max_total_tokens: int = Field(
+        96,
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        description="Cap on a response's tokens, sampled "
+        "and tool output together; a trajectory that reaches it is truncated.",
+    )
+    max_tool_tokens: int = Field(
+        32,
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        description="Output budget: tokens of one tool output kept (the rest is cut; the output template stays).",
+    )
+    share_calls: bool = Field(
+        False,
+        description="Run each distinct code of one turn once and give its result to "
+        "every trajectory that wrote it (exact for deterministic code; saves ~0.1 s per "
+        "duplicate sandbox start).",
+    )
     call_open: str = Field("```python", min_length=1, description="Text that opens a tool call (the code follows).")
     call_close: str = Field("```", min_length=1, description="Text that closes a call (searched after call_open).")
-    output_template: str = Field("\n```output\n{output}\n```\n", description="The tool turn appended after a "
-                                 "call; {output} (exactly once) is replaced by the tool's stdout (and, on failure, "
-                                 "stderr and the limit that stopped it).")
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Limits and isolation of each call "
-                                   "and the workers of the pool (steadyrl.tools).")
+    output_template: str = Field(
+        "\n```output\n{output}\n```\n",
+        description="The tool turn appended after a "
+        "call; {output} (exactly once) is replaced by the tool's stdout (and, on failure, "
+        "stderr and the limit that stopped it).",
+    )
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig,
+        description="Limits and isolation of each call and the workers of the pool (steadyrl.tools).",
+    )
 
     @field_validator("output_template")
     @classmethod
@@ -329,66 +466,118 @@ class LogConfig(_Section):
         description="Where the wall-clock keys time/* go: into metrics.jsonl, or into timings.jsonl so that "
         "metrics.jsonl is byte-identical between two runs of the same config and seed.",
     )
-    wandb: bool = Field(False, description="Also log every metrics record (step = learner step) and the resolved "
-                        "config to Weights & Biases; files in <out_dir>/wandb (needs requirements/logging.txt).")
-    wandb_project: str = Field("steadyrl", min_length=1, max_length=128, pattern=r"^[^/\\#?%:]+$",
-                               description="W&B project; the run is named after out_dir.")
-    wandb_mode: Literal["offline", "online", "disabled"] = Field(
-        "offline", description="offline: no account or network, upload later with `wandb sync <out_dir>/wandb/"
-        "offline-run-*`; online: stream to the W&B server (needs `wandb login`); disabled: a no-op run."
+    wandb: bool = Field(
+        False,
+        description="Also log every metrics record (step = learner step) and the resolved "
+        "config to Weights & Biases; files in <out_dir>/wandb (needs requirements/logging.txt).",
     )
-    mlflow: bool = Field(False, description="Also log the flattened config as params and every metrics record as "
-                         "MLflow metrics (step = learner step; needs requirements/logging.txt).")
-    mlflow_uri: str | None = Field(None, min_length=1, description="MLflow tracking URI (a server http://..., "
-                                   "sqlite:///path.db, ...); None = sqlite:///<out_dir>/mlflow.db, no server.")
-    mlflow_experiment: str = Field("steadyrl", min_length=1, max_length=500, description="MLflow experiment (created "
-                                   "if missing); the run is named after out_dir.")
+    wandb_project: str = Field(
+        "steadyrl",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[^/\\#?%:]+$",
+        description="W&B project; the run is named after out_dir.",
+    )
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline",
+        description="offline: no account or network, upload later with `wandb sync <out_dir>/wandb/"
+        "offline-run-*`; online: stream to the W&B server (needs `wandb login`); disabled: a no-op run.",
+    )
+    mlflow: bool = Field(
+        False,
+        description="Also log the flattened config as params and every metrics record as "
+        "MLflow metrics (step = learner step; needs requirements/logging.txt).",
+    )
+    mlflow_uri: str | None = Field(
+        None,
+        min_length=1,
+        description="MLflow tracking URI (a server http://..., "
+        "sqlite:///path.db, ...); None = sqlite:///<out_dir>/mlflow.db, no server.",
+    )
+    mlflow_experiment: str = Field(
+        "steadyrl",
+        min_length=1,
+        max_length=500,
+        description="MLflow experiment (created if missing); the run is named after out_dir.",
+    )
 
 
 class TrainConfig(_Section):
     """Everything ``steadyrl train`` needs. Field defaults are the README's main job."""
 
-    task: TaskConfig = Field(default_factory=lambda: MAIN_JOB_TASK, description="The verifiable task (see its name's "
-                             "keys).")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy: the embedded default (warm-"
-                               "started and cached) or a local Hugging Face directory.")
+    task: TaskConfig = Field(
+        default_factory=lambda: MAIN_JOB_TASK, description="The verifiable task (see its name's keys)."
+    )
+    model: ModelConfig = Field(
+        default_factory=ModelConfig,
+        description="The policy: the embedded default (warm-started and cached) or a local Hugging Face directory.",
+    )
     method: MethodConfig = Field(default_factory=MethodConfig, description="The RL method and its options.")
-    device: str = Field("auto", description="Where the learner, its optimizer "
-                        "state, the critic and the transformers sampler run: auto (the GPU where there is one) | cpu "
-                        "| cuda | cuda:N.")
-    precision: Precision = Field("fp32", description="fp32 | bf16-mixed (bf16 autocast forward, fp32 weights and "
-                                 "AdamW) | bf16 (bf16 weights); the output layer and every log-prob are fp32 in all "
-                                 "three (steadyrl.base.device).")
-    lag: int = Field(16, ge=0, le=MAX_LAG, description="Policy lag k: step t's batch is sampled by the weights of "
-                     "step max(0, t − k) (pipeline schedule; 0 = synchronous on-policy).")
+    device: str = Field(
+        "auto",
+        description="Where the learner, its optimizer "
+        "state, the critic and the transformers sampler run: auto (the GPU where there is one) | cpu "
+        "| cuda | cuda:N.",
+    )
+    precision: Precision = Field(
+        "fp32",
+        description="fp32 | bf16-mixed (bf16 autocast forward, fp32 weights and "
+        "AdamW) | bf16 (bf16 weights); the output layer and every log-prob are fp32 in all "
+        "three (steadyrl.base.device).",
+    )
+    lag: int = Field(
+        16,
+        ge=0,
+        le=MAX_LAG,
+        description="Policy lag k: step t's batch is sampled by the weights of "
+        "step max(0, t − k) (pipeline schedule; 0 = synchronous on-policy).",
+    )
     steps: int = Field(200, ge=1, le=MAX_STEPS, description="Learner steps (each: sample a batch, optimize on it).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the model, problem order, sampling and eval.")
-    out_dir: Path = Field(Path("runs/default"), description="Output directory: metrics.jsonl, config.yaml, plot.png, "
-                          "checkpoints/.")
+    out_dir: Path = Field(
+        Path("runs/default"), description="Output directory: metrics.jsonl, config.yaml, plot.png, checkpoints/."
+    )
     group_size: int = Field(8, ge=1, le=MAX_BATCH, description="Responses per prompt (G), the GRPO group.")
-    prompts_per_step: int = Field(64, ge=1, le=MAX_BATCH, description="Prompts per learner step; the batch has "
-                                  "prompts_per_step × group_size responses.")
-    lr: float = Field(3e-4, gt=0, le=1, description="AdamW learning rate (after warm-up; controllers such as the "
-                      "ESS step size scale it per step).")
+    prompts_per_step: int = Field(
+        64,
+        ge=1,
+        le=MAX_BATCH,
+        description="Prompts per learner step; the batch has prompts_per_step × group_size responses.",
+    )
+    lr: float = Field(
+        3e-4,
+        gt=0,
+        le=1,
+        description="AdamW learning rate (after warm-up; controllers such as the ESS step size scale it per step).",
+    )
     resume: bool = Field(False, description="Continue the run in out_dir from its latest valid checkpoint.")
     overwrite: bool = Field(False, description="Delete an existing run in out_dir instead of refusing to start.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampler settings.")
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling engine: transformers "
-                                   "(default) or vllm (docs/vllm.md).")
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig, description="Sampling engine: transformers (default) or vllm (docs/vllm.md)."
+    )
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer settings.")
-    critic: CriticConfig = Field(default_factory=CriticConfig, description="COPC's value head (used only by "
-                                 "methods whose advantage needs critic values).")
+    critic: CriticConfig = Field(
+        default_factory=CriticConfig,
+        description="COPC's value head (used only by methods whose advantage needs critic values).",
+    )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     data: DataConfig = Field(default_factory=DataConfig, description="Training prompts.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Rollout runtime.")
     log: LogConfig = Field(default_factory=LogConfig, description="Logging outputs.")
-    guard: GuardConfig = Field(default_factory=GuardConfig, description="Collapse guard: watch ESS ratio, mismatch "
-                               "KL and gradient norm; warn, stop or roll back on alarm.")
-    pool: PoolConfig = Field(default_factory=PoolConfig, description="local/ray: the rollout pool between samplers "
-                             "and learner, and its staleness policy.")
-    tools: ToolsConfig = Field(default_factory=ToolsConfig, description="Tool-integrated (multi-turn) rollouts with "
-                               "a sandboxed Python interpreter; off by default.")
+    guard: GuardConfig = Field(
+        default_factory=GuardConfig,
+        description="Collapse guard: watch ESS ratio, mismatch KL and gradient norm; warn, stop or roll back on alarm.",
+    )
+    pool: PoolConfig = Field(
+        default_factory=PoolConfig,
+        description="local/ray: the rollout pool between samplers and learner, and its staleness policy.",
+    )
+    tools: ToolsConfig = Field(
+        default_factory=ToolsConfig,
+        description="Tool-integrated (multi-turn) rollouts with a sandboxed Python interpreter; off by default.",
+    )
 
     @field_validator("device")
     @classmethod
