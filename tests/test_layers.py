@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: The floors, lowest first; packages on one floor may import each other (but not in a circle).
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("base",),
+    ("base", "configs"),  # configs: the shipped YAML files (data, no imports)
     ("core",),
     ("methods",),
     ("control",),

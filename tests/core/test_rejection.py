@@ -385,9 +385,9 @@ def test_newly_public_options_reach_core() -> None:
     weight) reach the core functions through the spec: ``compute_loss`` hands the objective what a direct call gives."""
     from steadyrl import compute_loss
     from steadyrl.core.advantages.otb import otb_advantages
+    from steadyrl.core.importance_weights import token_veto
     from steadyrl.core.masking import where_masked as wm
     from steadyrl.core.objectives.m2po import m2po_mask
-    from steadyrl.core.weights import token_veto
     from steadyrl.methods.spec import MethodSpec
 
     b = _batch_for_loss(5)

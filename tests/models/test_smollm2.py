@@ -22,8 +22,8 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from steadyrl.models import smollm2
-from steadyrl.models.cache import CACHE_ENV, models_dir
 from steadyrl.models.load import ModelConfig, Policy, load_policy
+from steadyrl.models.model_cache import CACHE_ENV, models_dir
 from steadyrl.models.smollm2 import END_OF_TURN, GGUF_ENV, SMOLLM2_NAME, ModelFetchError, smollm2_cached
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.sampler import generate

@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from steadyrl.rollout.sampler import generate
-from steadyrl.runtime.weights import FlatLayout
+from steadyrl.runtime.weight_sync import FlatLayout
 
 
 def _perturbed(model: PreTrainedModel, seed: int) -> PreTrainedModel:

@@ -16,7 +16,7 @@ from torch import nn
 
 from steadyrl.runtime.local import LocalChannel, LocalShared
 from steadyrl.runtime.procs import FileLock
-from steadyrl.runtime.weights import FlatLayout
+from steadyrl.runtime.weight_sync import FlatLayout
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from steadyrl.sweep.config import SweepError
-from steadyrl.sweep.runner import Job, execute, plan_jobs, train_command
+from steadyrl.sweep.jobs import Job
+from steadyrl.sweep.runner import execute, plan_jobs, train_command
 from steadyrl.train.metrics import read_metrics
 from tests.sweep.conftest import fake_spec_run, plan
 

@@ -9,9 +9,9 @@ import pytest
 
 import steadyrl.tasks.countdown as countdown_module
 from steadyrl.tasks import CountdownConfig, Problem, build_task
-from steadyrl.tasks.cache import StreamCache, task_cache_dir
 from steadyrl.tasks.countdown import CountdownTask, is_safe_expression
 from steadyrl.tasks.generated import stream_seed
+from steadyrl.tasks.stream_cache import StreamCache, task_cache_dir
 
 HANDFUL = 5
 

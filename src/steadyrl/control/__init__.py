@@ -11,7 +11,8 @@ The learner calls, for every optimizer step::
 ``build_controllers(method)`` returns them in the method's order. They hold no I/O and no host syncs.
 """
 
-from steadyrl.control.base import Controller, build_controllers
+from steadyrl.control.base import Controller
+from steadyrl.control.build import build_controllers
 from steadyrl.control.ess_lr import EssStepSizeController
 from steadyrl.control.gac import GradientAlignmentController
 

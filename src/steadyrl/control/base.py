@@ -1,4 +1,4 @@
-"""The controller protocol and the factory that builds a method's controllers."""
+"""The controller protocol, and the gradient as parts that controllers and the learner read."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-
-from steadyrl.methods.spec import GAC, EssStepSize, MethodSpec
 
 #: Metric a controller returns (value 1) to ask the learner not to apply this step.
 SKIP_STEP = "control/skip_step"
@@ -75,27 +73,3 @@ class Controller(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         ...
-
-
-def build_controllers(method: str | MethodSpec, overrides: Mapping[str, Any] | None = None) -> list[Controller]:
-    """The controllers of ``method``, in the order its spec lists them.
-
-    ``method``: a preset name (``"vcpo"``), a composition (``"seq_tis+gac"``) or a resolved :class:`MethodSpec`;
-    ``overrides`` as in :func:`steadyrl.resolve_method` (``{"ess_lr.rho_base": 0.55}``). A method without step-level
-    parts gives ``[]``.
-    """
-    from steadyrl.control.ess_lr import EssStepSizeController
-    from steadyrl.control.gac import GradientAlignmentController
-    from steadyrl.methods.resolve import resolve_method
-
-    if isinstance(method, str) or overrides:
-        method = resolve_method(method, overrides)
-    out: list[Controller] = []
-    for spec in method.controllers:
-        if isinstance(spec, EssStepSize):
-            out.append(EssStepSizeController(spec))
-        elif isinstance(spec, GAC):
-            out.append(GradientAlignmentController(spec))
-        else:  # pragma: no cover - the discriminated union admits nothing else
-            raise TypeError(f"no controller for {spec!r}")
-    return out

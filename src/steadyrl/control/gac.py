@@ -1,9 +1,9 @@
 """GAC, gradient alignment control (arXiv 2603.01501) [reconstructed thresholds], as an optimizer-step hook.
 
 Keeps the previous step's gradient (one tensor per parameter, in the gradient's dtype, on its device), applies
-:func:`steadyrl.core.gac.gac_project_` to the current gradient in place, part by part (no flat copy of the model).
-A "skip" decision asks the learner not to apply the step (``control/skip_step``): zeroing the gradient would not do,
-since Adam's moments would still move the weights.
+:func:`steadyrl.core.gradient_alignment.gac_project_` to the current gradient in place, part by part (no flat copy of
+the model). A "skip" decision asks the learner not to apply the step (``control/skip_step``): zeroing the gradient would
+not do, since Adam's moments would still move the weights.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from steadyrl.control.base import SKIP_STEP, grad_parts, parts_like
-from steadyrl.core import gac as core_gac
+from steadyrl.core import gradient_alignment as core_gac
 from steadyrl.methods.spec import GAC
 
 

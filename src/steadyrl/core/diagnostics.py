@@ -11,6 +11,7 @@ from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
 from steadyrl.core.ess import sequence_ess, token_ess
+from steadyrl.core.importance_weights import SEQ_TIS_CAP, check_bounds, log_bound
 from steadyrl.core.kl import mismatch_kl
 from steadyrl.core.masking import (
     any_true,
@@ -23,7 +24,6 @@ from steadyrl.core.masking import (
     where_masked,
 )
 from steadyrl.core.types import Metrics
-from steadyrl.core.weights import SEQ_TIS_CAP, check_bounds, log_bound
 
 
 def _seq_mean(x: Float[Tensor, " B"], valid: Bool[Tensor, " B"]) -> Float[Tensor, ""]:

@@ -19,8 +19,8 @@ import torch
 from jaxtyping import Float, Shaped
 from torch import Tensor
 
+from steadyrl.core.importance_weights import check_bounds, check_choice, log_bound
 from steadyrl.core.masking import as_bool_mask
-from steadyrl.core.weights import check_bounds, check_choice, log_bound
 
 LrScaleFn = Literal["sqrt", "identity"]
 LR_SCALE_FNS: tuple[str, ...] = get_args(LrScaleFn)

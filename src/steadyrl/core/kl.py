@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Bool, Float, Shaped
 from torch import Tensor
 
+from steadyrl.core.importance_weights import check_choice
 from steadyrl.core.masking import (
     aggregate,
     as_bool_mask,
@@ -29,7 +30,6 @@ from steadyrl.core.masking import (
     where_masked,
 )
 from steadyrl.core.types import Metrics
-from steadyrl.core.weights import check_choice
 
 KLConvention = Literal["verl", "areal"]
 MismatchKind = Literal["k1", "k2", "k3"]

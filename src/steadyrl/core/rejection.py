@@ -44,6 +44,7 @@ import torch
 from jaxtyping import Bool, Float, Shaped
 from torch import Tensor
 
+from steadyrl.core.importance_weights import broadcast_keep, check_choice, correction_metrics, log_bound
 from steadyrl.core.kl import KL_CONVENTIONS, KLConvention, MismatchKind, mismatch_estimator
 from steadyrl.core.masking import (
     any_true,
@@ -56,7 +57,6 @@ from steadyrl.core.masking import (
     where_masked,
 )
 from steadyrl.core.types import Corrected
-from steadyrl.core.weights import broadcast_keep, check_choice, correction_metrics, log_bound
 
 RejectLevel = Literal["token", "sequence"]
 SeqAgg = Literal["sum", "mean", "max"]

@@ -23,9 +23,9 @@ import torch
 from jaxtyping import Float, Int, Shaped
 from torch import Tensor
 
+from steadyrl.core.importance_weights import correction_metrics
 from steadyrl.core.masking import any_true, as_bool_mask, masked_mean, safe_exp, where_masked
 from steadyrl.core.types import Corrected
-from steadyrl.core.weights import correction_metrics
 
 #: ROLL's segment IS cap (``TrainInferISWeightConfig.upper_bound`` default).
 SEGMENT_TIS_CAP: float = 1.2

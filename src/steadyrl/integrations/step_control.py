@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 
 from steadyrl.base.device import host_values
-from steadyrl.control.base import SKIP_STEP, Controller, build_controllers
+from steadyrl.control.base import SKIP_STEP, Controller
+from steadyrl.control.build import build_controllers
 from steadyrl.methods.spec import GAC, MethodSpec
 
 #: Prefix of the metrics the adapters report (``steadyrl/vcpo/ess_scale``, ``steadyrl/lr``, ...).

@@ -34,8 +34,9 @@ from typing import Any, Literal, NamedTuple, overload
 import torch
 from torch import Tensor
 
+from steadyrl.core import importance_weights as weights
 from steadyrl.core import kl as core_kl
-from steadyrl.core import proximal, rejection, segments, weights
+from steadyrl.core import proximal, rejection, segments
 from steadyrl.core.advantages import grpo, opob, otb, vaco, vtrace
 from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.core.ess import sequence_ess, weights_ess

@@ -11,8 +11,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from steadyrl.core import importance_weights as W
 from steadyrl.core import rejection as RJ
-from steadyrl.core import weights as W
 from steadyrl.core.masking import AggMode
 
 

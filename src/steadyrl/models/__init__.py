@@ -15,8 +15,8 @@ module                 holds
 """
 
 from steadyrl.base import needs_train as _needs_train  # noqa: F401  (one line naming the extra when it is missing)
-from steadyrl.models.cache import models_dir
 from steadyrl.models.load import DEFAULT_MODEL_NAME, ModelConfig, Policy, load_policy
+from steadyrl.models.model_cache import models_dir
 from steadyrl.models.smollm2 import SMOLLM2_NAME, ModelFetchError, smollm2_cached
 from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
 from steadyrl.models.tokenizer import build_char_tokenizer

@@ -13,8 +13,8 @@ SmolLM2-135M-Instruct (Hugging Face, Apache-2.0) ships on the Python package ind
    layer (``lm_head`` = ``embed_tokens``) stays tied. ``generation_config.json`` names the end-of-turn token
    ``<|im_end|>`` as EOS, so sampling stops at the end of the assistant's turn.
 3. **Cache**: the result is a standard safetensors checkpoint directory ``<root>/models/smollm2-135m-instruct-<key>/``
-   (:mod:`steadyrl.models.cache`: built in a temporary sibling and moved into place with one rename, so a crash never
-   leaves half a checkpoint), with ``steadyrl_smollm2.json`` written last. ``load_policy`` loads it with the same
+   (:mod:`steadyrl.models.model_cache`: built in a temporary sibling and moved into place with one rename, so a crash
+   never leaves half a checkpoint), with ``steadyrl_smollm2.json`` written last. ``load_policy`` loads it with the same
    ``from_pretrained`` calls as any local checkpoint; later uses only load it.
 
 The weights are the 4-bit quantization dequantized to float, not the original bfloat16 checkpoint.
@@ -39,7 +39,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from steadyrl.models.cache import build_once, cache_key, models_dir
+from steadyrl.models.model_cache import build_once, cache_key, models_dir
 from steadyrl.tasks.types import MissingFileError
 
 #: ``ModelConfig.name`` of this model.

@@ -22,7 +22,7 @@ same weights, 1 and 3, 4 or 8 did not). Sampler processes start only after the w
 it. What else the weights depend on (torch and transformers versions, the CPU's vector instruction set) is in the
 cache key.
 
-Cache: ``<root>/models/<task>-<key>/`` (see :mod:`steadyrl.models.cache`), the key hashing the architecture, a
+Cache: ``<root>/models/<task>-<key>/`` (see :mod:`steadyrl.models.model_cache`), the key hashing the architecture, a
 fingerprint of the task, this config, the seed and the platform (:func:`platform_identity`). It holds
 ``save_pretrained`` output (model + tokenizer) and ``steadyrl_warmstart.json`` (config, steps, measured accuracy,
 seconds), written last.
@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from steadyrl.core.masking import masked_mean
-from steadyrl.models.cache import build_once, cache_key, models_dir
+from steadyrl.models.model_cache import build_once, cache_key, models_dir
 from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
 from steadyrl.models.tokenizer import build_char_tokenizer
 from steadyrl.rollout.accuracy import sampled_accuracy_of
@@ -378,7 +378,7 @@ def warm_start_cached(
 
     Builds with :func:`build_tiny_model` + :func:`warm_start` into a temporary directory, saves model, tokenizer
     and ``steadyrl_warmstart.json``, then moves it into place atomically; later calls (any process) reuse it, and
-    concurrent ones wait for the first (a lock file, :func:`steadyrl.models.cache.build_once`).
+    concurrent ones wait for the first (a lock file, :func:`steadyrl.models.model_cache.build_once`).
     """
     identity = warm_start_identity(arch, task=task, cfg=cfg, seed=seed)
     final = _entry_path(task, identity, cache_dir)

@@ -10,7 +10,7 @@ Roles (DESIGN.md vocabulary):
 What every transport provides (:class:`ConcurrentSource`'s abstract methods) and what is the same for all:
 
 ==================  ====================================================================================================
-weights             the learner's parameters as one flat array (:class:`~steadyrl.runtime.weights.FlatLayout`) with
+weights             the learner's parameters as one flat array (:class:`~steadyrl.runtime.weight_sync.FlatLayout`) with
                     a version; a sampler always loads the newest version, versions it never saw are skipped.
 claims              a group-id counter; each sampler's current claim ``[lo, hi)`` is recorded so a replacement can
                     redo what a dead sampler never delivered.
@@ -53,7 +53,7 @@ from steadyrl.pool.records import GroupRecord
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import concat
 from steadyrl.rollout.scored import ScoredRollouts
-from steadyrl.runtime.weights import FlatLayout
+from steadyrl.runtime.weight_sync import FlatLayout
 from steadyrl.runtime.worker import SamplerSpec
 from steadyrl.tasks import Problem, Task
 

@@ -53,7 +53,7 @@ from steadyrl.runtime.concurrent import (
     admitted,
 )
 from steadyrl.runtime.procs import FileLock, die_with_parent
-from steadyrl.runtime.weights import FlatLayout
+from steadyrl.runtime.weight_sync import FlatLayout
 from steadyrl.runtime.worker import SamplerSpec, run_sampler
 
 __all__ = [

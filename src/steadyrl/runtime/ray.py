@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from steadyrl.pool.records import GroupRecord
 from steadyrl.runtime.concurrent import Admission, ConcurrentSource, Counters, admitted
-from steadyrl.runtime.weights import FlatLayout
+from steadyrl.runtime.weight_sync import FlatLayout
 from steadyrl.runtime.worker import SamplerSpec, run_sampler
 
 #: The one line a run without Ray fails with.

@@ -28,7 +28,7 @@ from steadyrl.rollout.scored import score_rollouts
 from steadyrl.rollout.tool_metrics import RowMetrics
 from steadyrl.rollout.vllm_engine import VLLMEngine, engine_from_config
 from steadyrl.runtime.order import problem_indices
-from steadyrl.runtime.weights import FlatLayout
+from steadyrl.runtime.weight_sync import FlatLayout
 from steadyrl.tasks import build_task
 from steadyrl.tools import SandboxPool
 

@@ -2,7 +2,7 @@
 
 * :mod:`steadyrl.sweep.config` — the sweep file (strict pydantic), grid expansion into named runs, config hashes.
 * :mod:`steadyrl.sweep.runner` — runs as parallel, resumable subprocesses with a progress bar; Ctrl-C stops them.
-* :mod:`steadyrl.sweep.warmstarts` — the default model's warm starts the runs need, each built once, first.
+* :mod:`steadyrl.sweep.warm_start_jobs` — the default model's warm starts the runs need, each built once, first.
 * :mod:`steadyrl.sweep.results` — one row per run (``results.csv``) and mean ± 95% CI over seeds (``summary.*``).
 * :mod:`steadyrl.sweep.stats` — Student-t confidence intervals.
 * :mod:`steadyrl.sweep.report` — one self-contained HTML page with embedded PNG plots, for a sweep or a single run.

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from steadyrl.config.io import ConfigError, format_help, parse_command_line, resolve_named_file, shipped_yaml
+from steadyrl.train.entry import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
     from steadyrl.sweep.config import SweepConfig
@@ -49,8 +50,6 @@ its collapse-guard alarms."""
 EXIT_USAGE = 2
 #: Exit status when a run failed.
 EXIT_FAILED = 1
-#: Exit status after Ctrl-C.
-EXIT_INTERRUPTED = 130
 
 
 def shipped_sweeps() -> dict[str, Path]:
@@ -97,7 +96,7 @@ def run_sweep(sweep: SweepConfig, *, sweep_file: Path | None = None, dry_run: bo
     from steadyrl.sweep.config import SWEEP_FILE, SweepError, expand, write_runs
     from steadyrl.sweep.results import RESULTS_FILE, SUMMARY_CSV, SUMMARY_MD, write_results
     from steadyrl.sweep.runner import execute, plan_jobs
-    from steadyrl.sweep.warmstarts import plan_warm_starts
+    from steadyrl.sweep.warm_start_jobs import plan_warm_starts
 
     try:
         specs = expand(sweep, sweep_file=sweep_file)

@@ -12,8 +12,8 @@ differing keys: the sweep never silently mixes two experiments.
 
 :func:`execute` keeps ``jobs`` runs going at once, each a process of its own (``python -m steadyrl.sweep.child``,
 ``OMP_NUM_THREADS`` = ``threads``), output to ``<run>/train.log``. The warm starts the runs need
-(:mod:`steadyrl.sweep.warmstarts`) come first, one worker per distinct cache entry; a run starts once its warm start
-is built (a failed warm start fails its runs without starting them). The workers keep at most ``jobs × threads``
+(:mod:`steadyrl.sweep.warm_start_jobs`) come first, one worker per distinct cache entry; a run starts once its warm
+start is built (a failed warm start fails its runs without starting them). The workers keep at most ``jobs × threads``
 torch threads busy (a warm start counts its own ``model.warm_start.threads``; one worker always runs). On a machine
 with GPUs each worker gets the least-used one as its only visible GPU (``CUDA_VISIBLE_DEVICES``,
 :class:`steadyrl.base.device.GpuSlots`): parallel runs land on distinct GPUs while there are enough. The progress
@@ -37,15 +37,17 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 from tqdm.auto import tqdm
 
 from steadyrl.base.device import GpuSlots
 from steadyrl.config.io import ConfigError, load_config, read_yaml
+from steadyrl.sweep.child import TRAIN_COMMAND
 from steadyrl.sweep.config import RunSpec, SweepError, config_differences, config_hash
+from steadyrl.sweep.jobs import EXIT_INTERRUPTED, Job
 from steadyrl.sweep.results import is_train_record, run_status
-from steadyrl.sweep.warmstarts import WarmStartJob, describe, finished_message, warm_start_command
+from steadyrl.sweep.warm_start_jobs import WarmStartJob, describe, finished_message, warm_start_command
 from steadyrl.train.checkpoint import list_checkpoints
 from steadyrl.train.metrics import METRICS_FILE, read_metrics
 
@@ -57,24 +59,6 @@ RUN_CONFIG = "config.yaml"
 POLL_S = 0.5
 #: Seconds a worker gets after SIGTERM before SIGKILL.
 TERM_WAIT_S = 5.0
-#: Exit status of a run stopped by Ctrl-C (``steadyrl train`` returns it too).
-EXIT_INTERRUPTED = 130
-
-Action = Literal["skip", "resume", "fresh"]
-
-
-@dataclass(frozen=True)
-class Job:
-    """A planned run and what to do with it."""
-
-    spec: RunSpec
-    action: Action
-    status: str
-    """The directory's status before the sweep (see :func:`steadyrl.sweep.results.run_status`)."""
-    steps_done: int
-    """Learner-step lines already in its metrics.jsonl."""
-
-
 @dataclass
 class Outcome:
     """What :func:`execute` did."""
@@ -142,7 +126,7 @@ def plan_jobs(specs: Sequence[RunSpec]) -> list[Job]:
 def train_command(job: Job) -> list[str]:
     """The worker's command line: ``steadyrl train CONFIG overrides... resume=true|overwrite=true``."""
     flag = "resume=true" if job.action == "resume" else "overwrite=true"
-    return [sys.executable, "-m", "steadyrl.sweep.child", str(os.getpid()), "train", str(job.spec.config_path),
+    return [sys.executable, "-m", "steadyrl.sweep.child", str(os.getpid()), TRAIN_COMMAND, str(job.spec.config_path),
             *job.spec.overrides, flag]
 
 

@@ -5,7 +5,7 @@ expression without spaces, ``4+12+8``. Scored with reasoning-gym's countdown sco
 exactly once). That scorer evaluates the text with sympy's ``parse_expr``, which runs Python ``eval``, so a completion
 reaches it only when it holds nothing but digits, operators, parentheses and spaces, without ``**``, and is short.
 
-Generation costs about 2 ms a problem (sympy), so each stream is cached as JSONL (:mod:`steadyrl.tasks.cache`),
+Generation costs about 2 ms a problem (sympy), so each stream is cached as JSONL (:mod:`steadyrl.tasks.stream_cache`),
 keyed by the settings, the stream seed and the reasoning-gym version; a stream is extended on demand.
 """
 
@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 
 from tqdm.auto import tqdm
 
-from steadyrl.tasks.cache import Entry, StreamCache, cache_key, task_cache_dir
 from steadyrl.tasks.config import CountdownConfig, Operator
 from steadyrl.tasks.generated import GeneratedTask, ProblemText, without_question
+from steadyrl.tasks.stream_cache import Entry, StreamCache, cache_key, task_cache_dir
 from steadyrl.tasks.types import Problem
 
 NUMBER_SEPARATOR = ","

@@ -9,7 +9,7 @@ module                 holds
 ``cgroups``            a cgroup per call: memory (shared memory included), processes, CPU
 ``uids``               a uid per running call (root), and the sweep of what it left behind
 ``mounts``             the tmpfs disk quota of a call's working directory at the rlimits level
-``_guards``            Landlock and seccomp of the tool process (text prepended to the supervisor's)
+``_kernel_guards``            Landlock and seccomp of the tool process (text prepended to the supervisor's)
 ``_supervisor``        program of the sandbox's supervisor process (run as text by a fresh interpreter)
 ``_runner``            program of the tool process: audit hook, then the code
 =====================  ===========================================================================

@@ -1,4 +1,4 @@
-"""The sandbox's supervisor: run as ``python -I -S -B -c <_guards.py + this> <fd>`` by :mod:`steadyrl.tools.sandbox`.
+"""The sandbox's supervisor: ``python -I -S -B -c <_kernel_guards.py + this> <fd>`` (started by the sandbox).
 
 It reads the call's spec (JSON) from the pipe ``<fd>`` (so that no process of the call shows it in ``/proc``).
 
@@ -235,8 +235,8 @@ def exec_tool(cfg, *, workdir, code_path, nproc, drop_to, own_userns):
         drop_bounding_set()  # (again) the new user namespace starts with a full bounding set
         drop_capabilities()
         check(prctl(PR_SET_NO_NEW_PRIVS, 1), "prctl(NO_NEW_PRIVS)")
-        # the kernel guards (_guards.py, whose text precedes this file's in the program): Landlock is a no-op where
-        # the kernel lacks it; seccomp is applied on every architecture it knows
+        # the kernel guards (_kernel_guards.py, whose text precedes this file's in the program): Landlock is a no-op
+        # where the kernel lacks it; seccomp is applied on every architecture it knows
         guards = cfg["guards"]
         apply_landlock(guards["read"], guards["write"], guards["devices"])  # noqa: F821
         if seccomp_arch_supported():  # noqa: F821

@@ -4,8 +4,8 @@ RLIMIT_FSIZE bounds each file a call writes, not their sum: without a quota one 
 directory and make every later call (and anything else writing there) fail. Started as root with the right to mount
 (CAP_SYS_ADMIN in the initial mount namespace), :mod:`steadyrl.tools.sandbox` mounts a tmpfs of ``max_file_mb`` on a
 call's working directory (owned by the call's uid, mode 0700, nosuid, nodev) and detaches it after the call; with
-Landlock (:mod:`steadyrl.tools._guards`) that directory is the only place the code may write, so the quota covers every
-writable path. Where mounting is refused, the working directory is a plain directory and only RLIMIT_FSIZE holds.
+Landlock (:mod:`steadyrl.tools._kernel_guards`) that directory is the only place the code may write, so the quota covers
+every writable path. Where mounting is refused, the working directory is a plain directory and only RLIMIT_FSIZE holds.
 Confidence: [exact] (mount(2), umount2(2)).
 """
 

@@ -16,7 +16,7 @@ succeeds (the result is cached per interpreter) and otherwise **fails closed**: 
 naming what is missing and the explicit opt-in ``isolation="rlimits"`` (never a silent downgrade).
 
 **Every level** (where the kernel offers them; :func:`sandbox_layers` says which hold here). The tool process, right
-before it execs the interpreter, is confined by :mod:`steadyrl.tools._guards` — a Landlock domain (read only the
+before it execs the interpreter, is confined by :mod:`steadyrl.tools._kernel_guards` — a Landlock domain (read only the
 interpreter's and system directories, write only the working directory and the harmless devices; no TCP; from ABI 6
 no signal and no abstract unix socket outside the domain) and a seccomp filter (no ``socket()``, keyrings, System V
 IPC, memfd, io_uring, new namespaces, ptrace or process_vm_*, ``setsid``, scheduler changes, mounts, ...) — and
@@ -102,7 +102,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from steadyrl.tools import _guards, cgroups, mounts, uids
+from steadyrl.tools import _kernel_guards, cgroups, mounts, uids
 from steadyrl.tools.config import SandboxConfig
 
 #: What ended a call badly (None: it exited with status 0).
@@ -135,7 +135,7 @@ PROBE_CONFIG = SandboxConfig(timeout_s=60.0, cpu_s=30)
 
 _HERE = Path(__file__).parent
 #: The supervisor's program: the kernel guards (applied by the tool process before its exec), then the supervisor.
-_SUPERVISOR = (_HERE / "_guards.py").read_text() + "\n\n" + (_HERE / "_supervisor.py").read_text()
+_SUPERVISOR = (_HERE / "_kernel_guards.py").read_text() + "\n\n" + (_HERE / "_supervisor.py").read_text()
 _RUNNER = (_HERE / "_runner.py").read_text()
 _INFO = (
     "import json, sys; print(json.dumps({'version': list(sys.version_info[:2]), "
@@ -253,8 +253,8 @@ def sandbox_layers(config: SandboxConfig) -> SandboxLayers:
     found = cgroups.layout()
     return SandboxLayers(
         isolation=mode,
-        landlock_abi=_guards.landlock_abi(),
-        seccomp=_guards.seccomp_arch_supported(),
+        landlock_abi=_kernel_guards.landlock_abi(),
+        seccomp=_kernel_guards.seccomp_arch_supported(),
         cgroups=found.version if found is not None else None,
         uid_per_call=os.geteuid() == 0,
         disk_quota=mode == "namespaces" or mounts.can_mount(),

@@ -7,12 +7,12 @@ permission checks, not the audit hook, keep them apart). A slot is held with an 
 ``<LOCK_DIR>/<uid>.lock`` for as long as the call and its cleanup run, so every steadyrl process on the machine
 (samplers of the local runtime, several pools) draws from the same set without two holding one uid.
 
-After a call, :func:`sweep_uid` removes everything its uid may have left outside the call's own directory: every
-process of the uid (found by ``/proc``, signalled through a pidfd so a recycled pid is never hit), every entry it owns
-in the machine's world-writable directories (:data:`SHARED_DIRS` and the world-writable directories in them), and its
-System V shared memory segments, message queues and semaphore sets. With the seccomp filter and Landlock of
-:mod:`steadyrl.tools._guards` the code cannot create those in the first place; the sweep is what holds where the kernel
-lacks them. Confidence: [exact] (Linux credentials and ``flock``; no paper formula).
+After a call, :func:`sweep_uid` removes everything its uid may have left outside the call's own directory: every process
+of the uid (found by ``/proc``, signalled through a pidfd so a recycled pid is never hit), every entry it owns in the
+machine's world-writable directories (:data:`SHARED_DIRS` and the world-writable directories in them), and its System V
+shared memory segments, message queues and semaphore sets. With the seccomp filter and Landlock of
+:mod:`steadyrl.tools._kernel_guards` the code cannot create those in the first place; the sweep is what holds where the
+kernel lacks them. Confidence: [exact] (Linux credentials and ``flock``; no paper formula).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from steadyrl.base.device import Placement, host_values, to_device
 from steadyrl.config.critic import CriticConfig
 from steadyrl.config.train import OptimConfig
 from steadyrl.control.base import SKIP_STEP, Controller, grad_parts, parts_like
-from steadyrl.core.gac import grad_cosine
+from steadyrl.core.gradient_alignment import grad_cosine
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec

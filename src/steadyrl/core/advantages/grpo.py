@@ -37,9 +37,9 @@ from jaxtyping import Float, Int, Shaped
 from torch import Tensor
 
 from steadyrl.core.groups import group_count, group_mean, group_std
+from steadyrl.core.importance_weights import check_choice
 from steadyrl.core.masking import as_bool_mask, broadcast_seq, detach_metrics, masked_mean, where_masked
 from steadyrl.core.types import Metrics
-from steadyrl.core.weights import check_choice
 
 GrpoScale = Literal["group", "batch", "none"]
 GRPO_SCALES: tuple[str, ...] = get_args(GrpoScale)

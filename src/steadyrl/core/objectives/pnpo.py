@@ -21,6 +21,7 @@ from __future__ import annotations
 from jaxtyping import Float, Shaped
 from torch import Tensor
 
+from steadyrl.core.importance_weights import prefix_log_ratio
 from steadyrl.core.masking import (
     AggMode,
     aggregate,
@@ -34,7 +35,6 @@ from steadyrl.core.masking import (
 )
 from steadyrl.core.objectives.ppo import mask_frac, ratio_metrics
 from steadyrl.core.types import LossOutput, Metrics
-from steadyrl.core.weights import prefix_log_ratio
 
 #: Base half-width δ of the acceptance band on log w_t at the last position (h = 1): |log w_L| ≤ 0.2, i.e. the
 #: response's geometric-mean ratio in [e^{−0.2}, e^{0.2}] ≈ [0.82, 1.22], PPO's ε in log space. OURS: the paper's

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from steadyrl.models.cache import CACHE_ENV, build_once, cache_key, models_dir
+from steadyrl.models.model_cache import CACHE_ENV, build_once, cache_key, models_dir
 
 MARKER = "done.json"
 

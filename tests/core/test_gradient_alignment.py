@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from steadyrl.core.gac import GAC_TAU_PROJ, GAC_TAU_SKIP, gac_project, grad_cosine
+from steadyrl.core.gradient_alignment import GAC_TAU_PROJ, GAC_TAU_SKIP, gac_project, grad_cosine
 
 
 def _dot(a: list[float], b: list[float]) -> float:
@@ -125,7 +125,7 @@ def test_gac_bad_options() -> None:
 @pytest.mark.parametrize("skip_action", ["skip", "project"])
 def test_parts_in_place_equal_the_flat_rule(target: float, skip_action: str) -> None:
     """The per-parameter form (no flat copy, edited in place) is the flat rule on the concatenation (float64)."""
-    from steadyrl.core.gac import gac_project_
+    from steadyrl.core.gradient_alignment import gac_project_
 
     g, p = _pair(seed=5, P=60, target_cos=target)
     sizes = [7, 20, 1, 32]
@@ -141,7 +141,7 @@ def test_parts_in_place_equal_the_flat_rule(target: float, skip_action: str) -> 
 
 def test_parts_with_opposite_extreme_scales_stay_finite() -> None:
     """g ~ 1e30 and g_prev ~ 1e-30 in float32: the coefficients never overflow (g_prev is rescaled first)."""
-    from steadyrl.core.gac import gac_project_
+    from steadyrl.core.gradient_alignment import gac_project_
 
     g, p = _pair(seed=6, P=30, target_cos=0.6)
     parts = [(g * 1e30).float()]

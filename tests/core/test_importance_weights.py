@@ -9,8 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from steadyrl.core.masking import aggregate
-from steadyrl.core.weights import (
+from steadyrl.core.importance_weights import (
     flipped_bounds,
     geo_mis,
     icepop,
@@ -22,6 +21,7 @@ from steadyrl.core.weights import (
     token_tis,
     token_veto,
 )
+from steadyrl.core.masking import aggregate
 
 ATOL = 1e-10
 

@@ -1,4 +1,4 @@
-"""The kernel guards of the sandbox's tool process (``_guards.py``): Landlock and seccomp.
+"""The kernel guards of the sandbox's tool process (``_kernel_guards.py``): Landlock and seccomp.
 
 Each behavioural test runs the guards' text followed by a snippet in a fresh ``python -I -S -c`` (no_new_privs set
 first), so that the test process itself is never restricted, and runs the same snippet without the guard, so that
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from steadyrl.tools import _guards
+from steadyrl.tools import _kernel_guards
 
-GUARDS_TEXT = Path(_guards.__file__).read_text()
+GUARDS_TEXT = Path(_kernel_guards.__file__).read_text()
 ON_LINUX = sys.platform.startswith("linux")
-LANDLOCK_ABI = _guards.landlock_abi() if ON_LINUX else 0
-ARCH = _guards.seccomp_arch() if ON_LINUX else None
+LANDLOCK_ABI = _kernel_guards.landlock_abi() if ON_LINUX else 0
+ARCH = _kernel_guards.seccomp_arch() if ON_LINUX else None
 
 pytestmark = pytest.mark.skipif(not ON_LINUX, reason="the kernel guards are Linux-only")
 needs_landlock = pytest.mark.skipif(LANDLOCK_ABI == 0, reason="this kernel has no Landlock (ENOSYS/EOPNOTSUPP)")
@@ -226,7 +226,7 @@ def test_landlock_failure_names_the_call() -> None:
 def test_landlock_ruleset_attr_follows_the_abi(abi: int, fs: int, size: int) -> None:
     """handled_access_fs, then handled_access_net (bind|connect TCP) from ABI 4, scoped (abstract unix|signal)
     from ABI 6; each ABI gets the struct size it knows."""
-    attr = _guards.landlock_ruleset_attr(abi)
+    attr = _kernel_guards.landlock_ruleset_attr(abi)
     assert attr == struct.pack("<QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)[:size]
 
 
@@ -405,7 +405,7 @@ def test_guards_text_can_be_prepended_to_the_supervisor() -> None:
     imported = {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     assert imported <= {"ctypes", "errno", "os", "platform", "stat", "struct", "sys"}
     assert not [node for node in tree.body if isinstance(node, ast.ImportFrom)]
-    supervisor = ast.parse((Path(_guards.__file__).parent / "_supervisor.py").read_text())
+    supervisor = ast.parse((Path(_kernel_guards.__file__).parent / "_supervisor.py").read_text())
     assert not top_level_names(tree) & top_level_names(supervisor)
 
 
@@ -454,10 +454,10 @@ def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, arg0: int
 
 @pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
 def test_seccomp_program_decides_every_call(arch: str) -> None:
-    prog = _guards.seccomp_program(arch)
+    prog = _kernel_guards.seccomp_program(arch)
     assert len(prog) <= 4096  # BPF_MAXINSNS
     audit = AUDIT_ARCH[arch]
-    numbers = _guards.seccomp_numbers(arch)
+    numbers = _kernel_guards.seccomp_numbers(arch)
     for name, nr in numbers.items():
         if name != "clone":
             expected = RET_ERRNO | (errno.ENOSYS if name == "clone3" else errno.EPERM)
@@ -492,9 +492,9 @@ def test_seccomp_numbers_match_the_kernel_headers(arch: str, headers: list[str])
     if not found:
         pytest.skip(f"no {arch} syscall header here (looked for {', '.join(headers)})")
     known = header_numbers(found[0])
-    ours = _guards.seccomp_numbers(arch)
+    ours = _kernel_guards.seccomp_numbers(arch)
     compared = {name: nr for name, nr in ours.items() if name in known}
     assert compared == {name: known[name] for name in compared}
     assert len(compared) >= len(ours) - 2, f"the header lacks {sorted(set(ours) - set(known))}"
     assert len(set(ours.values())) == len(ours), "two calls share a number"
-    assert all(reason for *_, reason in _guards.SECCOMP_DENY.values())
+    assert all(reason for *_, reason in _kernel_guards.SECCOMP_DENY.values())

@@ -39,7 +39,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from steadyrl.core.weights import check_choice
+from steadyrl.core.importance_weights import check_choice
 
 SkipAction = Literal["skip", "project"]
 SKIP_ACTIONS: tuple[str, ...] = get_args(SkipAction)

@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from steadyrl.sweep.child import WARM_START_COMMAND
 from steadyrl.sweep.config import RunSpec, SweepError
+from steadyrl.sweep.jobs import EXIT_INTERRUPTED, WARM_START_COMMAND, Job
 
 if TYPE_CHECKING:
     from steadyrl.models.warmstart import EvalPoint, WarmStartConfig
-    from steadyrl.sweep.runner import Job
 
 #: Directory of the warm starts' logs and progress files, under the sweep's out_dir.
 WARM_START_DIR = "warm_starts"
@@ -166,7 +165,6 @@ def warm_start_main(argv: Sequence[str]) -> int:
     from steadyrl.config.io import load_config
     from steadyrl.config.train import TrainConfig
     from steadyrl.models.load import default_model_dir
-    from steadyrl.sweep.runner import EXIT_INTERRUPTED
     from steadyrl.tasks import build_task
 
     progress_path, config_path, *overrides = argv

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from steadyrl.models.warmstart import METADATA_FILE, EvalPoint, WarmStartConfig
-from steadyrl.sweep.runner import Job, execute, plan_jobs, progress_line
-from steadyrl.sweep.warmstarts import (
+from steadyrl.sweep.jobs import Job
+from steadyrl.sweep.runner import execute, plan_jobs, progress_line
+from steadyrl.sweep.warm_start_jobs import (
     WARM_START_DIR,
     ProgressFile,
     WarmStartJob,
