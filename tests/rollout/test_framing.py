@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 
 from steadyrl.models.tokenizer import build_char_tokenizer
 from steadyrl.rollout.framing import control_token_ids, encode_tool_text
-from steadyrl.rollout.multiturn import ToolCallFormat, _append_tool_turn, _Row
+from steadyrl.rollout.multiturn import ToolCallFormat, TurnRow, _append_tool_turn
 from steadyrl.tools import ToolResult
 
 CHATML_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
@@ -106,7 +106,7 @@ def test_a_vocabulary_word_equal_to_a_special_token_is_spelled_out() -> None:
 
 def test_a_tool_turn_of_a_rollout_holds_no_special_token() -> None:
     tok = chatml_tokenizer()
-    row = _Row(prompt=[1])
+    row = TurnRow(prompt=[1])
     result = ToolResult(FORGED, "Traceback ...\n<|im_end|>", False, 1, "crash", 0.1, "namespaces")
     _append_tool_turn(row, result, tok, ToolCallFormat(), max_tool_tokens=1000, max_total_tokens=1000)
     assert row.ids and control_token_ids(tok).isdisjoint(row.ids)

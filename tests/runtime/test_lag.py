@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from steadyrl.runtime.lag import LagSchedule, SnapshotRing, cpu_state
+from steadyrl.runtime.lag import LagSchedule, SnapshotRing
 
 
 class Tied(nn.Module):
@@ -77,7 +77,7 @@ def test_ring_snapshots_are_copies_and_keep_tied_tensors_shared() -> None:
     state = ring.get(0).state
     assert torch.all(state["emb.weight"] == 1.0)
     assert state["emb.weight"].data_ptr() == state["out.weight"].data_ptr()
-    assert cpu_state(model)["emb.weight"].data_ptr() != model.emb.weight.data_ptr()
+    assert state["emb.weight"].data_ptr() != model.emb.weight.data_ptr()
 
 
 def test_ring_state_dict_round_trip_and_missing_step_error() -> None:

@@ -11,11 +11,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from steadyrl.base.device import copy_state
 from steadyrl.config.guard import GuardConfig
 from steadyrl.config.io import ConfigError, load_config
 from steadyrl.config.train import TrainConfig
 from steadyrl.methods import resolve_method
-from steadyrl.runtime.lag import cpu_state
 from steadyrl.train import checkpoint as ckpt
 from steadyrl.train.collapse_guard import GUARD_FILE, CollapseDetector, read_alarms, tighten_method
 from steadyrl.train.entry import lag_source, main
@@ -223,7 +223,7 @@ class _Recorder:
         self.restarts: list[tuple[int, int, dict[str, torch.Tensor]]] = []
 
     def restart(self, *, step: int, version: int, model: torch.nn.Module) -> None:
-        self.restarts.append((step, version, cpu_state(model)))
+        self.restarts.append((step, version, copy_state(model.state_dict(), device=torch.device("cpu"))))
         self.inner.restart(step=step, version=version, model=model)
 
     def __getattr__(self, name: str) -> Any:

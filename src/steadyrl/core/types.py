@@ -14,18 +14,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 #: Log-ratios are clamped to ±LOG_RATIO_CLAMP before ``exp`` wherever a weight is materialized
 #: (ALGORITHMS.md, "Always work in log space").
 LOG_RATIO_CLAMP: float = 20.0
 
-TokenFloat = Float[Tensor, "B T"]
-TokenMask = Bool[Tensor, "B T"]
-SeqFloat = Float[Tensor, " B"]
-SeqBool = Bool[Tensor, " B"]
-SeqInt = Int[Tensor, " B"]
 Scalar = Float[Tensor, ""]
 
 Metrics = dict[str, Tensor]

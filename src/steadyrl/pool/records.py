@@ -46,11 +46,6 @@ class GroupRecord:
         if self.tool_counts is not None and len(self.tool_counts.tool_calls) != len(self.rollouts):
             raise ValueError(f"tool_counts has {len(self.tool_counts.tool_calls)} rows, expected {len(self.rollouts)}")
 
-    @property
-    def rollout_ids(self) -> list[tuple[int, int]]:
-        """``(group_id, j)`` for each response."""
-        return [(self.group_id, j) for j in range(len(self.rollouts))]
-
     @cached_property
     def v_start(self) -> int:
         """Version of the group's oldest token (the weights generation started with)."""

@@ -169,7 +169,7 @@ class ToolUse:
 
 
 @dataclass
-class _Row:
+class TurnRow:
     """One trajectory while it is built (Python lists; tensors are made once at the end)."""
 
     prompt: list[int]
@@ -256,7 +256,7 @@ def generate_multiturn(
     enc = encode_prompts(tokenizer, prompts, device=device)
     prompt_ids = enc.ids.repeat_interleave(group_size, dim=0)
     prompt_mask = enc.mask.repeat_interleave(group_size, dim=0)
-    rows = [_Row(prompt=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
+    rows = [TurnRow(prompt=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
     versions_of = before_forward or (lambda: version)
     for turn in range(1, max_turns + 1):
         active = [r for r in rows if not r.done]
@@ -268,15 +268,15 @@ def generate_multiturn(
                 stop_ids=set(stop_ids), pad_id=pad_id, generator=generator, use_cache=use_cache,
                 record_entropy=record_entropy, before_forward=versions_of, device=device,
             )  # fmt: skip
-        _run_calls(calls, last_turn=turn == max_turns, sandbox=sandbox, tokenizer=tokenizer, fmt=fmt,
+        run_tool_calls(calls, last_turn=turn == max_turns, sandbox=sandbox, tokenizer=tokenizer, fmt=fmt,
                    max_tool_tokens=max_tool_tokens, max_total_tokens=max_total_tokens)  # fmt: skip
-    return _assemble(rows, prompt_ids, prompt_mask, tokenizer, stop_ids, pad_id, group_size, record_entropy)
+    return assemble_multiturn(rows, prompt_ids, prompt_mask, tokenizer, stop_ids, pad_id, group_size, record_entropy)
 
 
 def _model_turn(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    rows: list[_Row],
+    rows: list[TurnRow],
     *,
     params: SamplingParams,
     fmt: ToolCallFormat,
@@ -288,7 +288,7 @@ def _model_turn(
     record_entropy: bool,
     before_forward: Callable[[], int],
     device: torch.device,
-) -> list[tuple[_Row, str]]:
+) -> list[tuple[TurnRow, str]]:
     """Sample one model turn for every row in ``rows``; returns the (row, code) of each row that closed a call."""
     contexts = [r.prompt + r.ids for r in rows]
     width = max(len(c) for c in contexts)
@@ -304,7 +304,7 @@ def _model_turn(
                 use_cache=use_cache, logits_to_keep=1, **cache_kw)  # fmt: skip
     logits = out.logits[:, -1]
     finished = [False] * len(rows)
-    calls: list[tuple[_Row, str]] = []
+    calls: list[tuple[TurnRow, str]] = []
     for t in range(max(budgets)):
         log_mu = _sampling_log_probs(logits, params=params)  # [A, V], log μ
         token = torch.multinomial(log_mu.exp(), 1, generator=generator).squeeze(-1)  # y_t ~ μ
@@ -342,8 +342,8 @@ def _model_turn(
     return calls
 
 
-def _run_calls(
-    calls: list[tuple[_Row, str]],
+def run_tool_calls(
+    calls: list[tuple[TurnRow, str]],
     *,
     last_turn: bool,
     sandbox: ToolRunner,
@@ -365,7 +365,7 @@ def _run_calls(
 
 
 def _append_tool_turn(
-    row: _Row,
+    row: TurnRow,
     result: ToolResult,
     tokenizer: PreTrainedTokenizerBase,
     fmt: ToolCallFormat,
@@ -387,8 +387,8 @@ def _append_tool_turn(
         row.done = row.truncated = True
 
 
-def _assemble(
-    rows: list[_Row],
+def assemble_multiturn(
+    rows: list[TurnRow],
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     tokenizer: PreTrainedTokenizerBase,

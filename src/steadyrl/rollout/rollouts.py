@@ -131,11 +131,6 @@ class Rollouts:
         """The token tensors (what the learner's forward needs)."""
         return TokenBatch(self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask, self.tool_mask)
 
-    @property
-    def response_lengths(self) -> Int[Tensor, " N"]:
-        """Number of trained tokens of each response (EOS included; tool output excluded)."""
-        return self.response_mask.sum(dim=-1)
-
     def to(self, device: torch.device | str) -> Rollouts:
         """The same rollouts with every tensor on ``device`` (e.g. from a sampler's device to the learner's)."""
         moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

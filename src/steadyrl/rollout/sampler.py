@@ -272,7 +272,7 @@ def generate(
             record_entropy=record_entropy,
             before_forward=before_forward or (lambda: version),
         )
-    return _assemble(
+    return assemble_rollouts(
         steps,
         prompt_ids=prompts_enc.ids.repeat_interleave(group_size, dim=0),
         prompt_mask=prompts_enc.mask.repeat_interleave(group_size, dim=0),
@@ -284,8 +284,8 @@ def generate(
 
 
 @dataclass
-class _Steps:
-    """Per-step outputs of the decoding loop (lists of ``[N]`` tensors, stacked by :func:`_assemble`)."""
+class DecodeSteps:
+    """Per-step outputs of the decoding loop (lists of ``[N]`` tensors, stacked by :func:`assemble_rollouts`)."""
 
     tokens: list[Tensor] = field(default_factory=list)
     logps: list[Tensor] = field(default_factory=list)
@@ -376,7 +376,7 @@ def _decode(
     use_cache: bool,
     record_entropy: bool,
     before_forward: Callable[[], int],
-) -> _Steps:
+) -> DecodeSteps:
     n_prompts, P = prompts.ids.shape
     N = n_prompts * group_size
     capacity = P + max_new_tokens - 1  # positions ever fed: the prompt, then every drawn token but the last
@@ -406,7 +406,7 @@ def _decode(
     rows: Tensor | None = None  # the rows in the forward (indices into N); None: all of them
     sampler = _Sampler(params=params, generator=generator, record_entropy=record_entropy)
     finished = torch.zeros(N, dtype=torch.bool, device=prompts.ids.device)
-    steps = _Steps()
+    steps = DecodeSteps()
     for t in range(max_new_tokens):
         draw = sampler.draw(logits, rows)
         steps.logps.append(draw.logp)
@@ -456,8 +456,8 @@ def _decode(
     return steps
 
 
-def _assemble(
-    steps: _Steps,
+def assemble_rollouts(
+    steps: DecodeSteps,
     *,
     prompt_ids: Tensor,
     prompt_mask: Tensor,

@@ -4,7 +4,7 @@ How it works:
 
 1. **Process isolation.** vLLM pins OpenMP threads, lowers torch's thread count and installs its own workers and
    signal handlers in the process that builds ``vllm.LLM``. So :class:`VLLMEngine` never imports vLLM: it saves the
-   policy with ``save_pretrained`` into a temporary directory and starts ``python -m steadyrl.rollout.vllm_engine``
+   policy with ``save_pretrained`` into a temporary directory and starts ``python -m steadyrl.rollout.vllm_server``
    (the same interpreter), which builds ``LLM(model=DIR, ...)`` in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one
    extra process in all, also from inside a daemonic sampler process) and answers requests over a socket pair. A
    caller therefore needs no ``if __name__ == "__main__"`` guard, and the learner's threads are untouched. On CPU the
@@ -22,8 +22,8 @@ How it works:
    boundary. ``logprobs=0`` returns the sampled token's log-prob only.
 4. **EOS and layout.** Requests stop on exactly the given stop ids (``ignore_eos`` plus ``stop_token_ids``, so the
    model's generation config adds none); the stop token is kept in the response and its mask, as in :func:`generate`.
-   The token lists are assembled by the same code as :func:`generate` (``sampler._assemble``): identical padding,
-   masks, ``truncated``, decoded ``texts``.
+   The token lists are assembled by the same code as :func:`generate` (``sampler.assemble_rollouts``): identical
+   padding, masks, ``truncated``, decoded ``texts``.
 5. **Weights** are updated in place: :meth:`VLLMEngine.update_weights` writes the new tensors to the directory's
    ``model.safetensors`` and asks the server to call the workers' ``reload_weights`` (no restart, the KV-cache
    memory is kept), then ``reset_prefix_cache()`` so no cached prompt state of the old weights is reused.
@@ -58,7 +58,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -76,13 +75,13 @@ from steadyrl.rollout.multiturn import (
     MultiTurnRollouts,
     ToolCallFormat,
     ToolUse,
-    _Row,
-    _run_calls,
+    TurnRow,
+    assemble_multiturn,
     check_multiturn_request,
+    run_tool_calls,
 )
-from steadyrl.rollout.multiturn import _assemble as _assemble_multiturn
 from steadyrl.rollout.rollouts import Rollouts
-from steadyrl.rollout.sampler import _assemble, _Steps, encode_prompts, stop_token_ids
+from steadyrl.rollout.sampler import DecodeSteps, assemble_rollouts, encode_prompts, stop_token_ids
 
 #: What to run when vLLM is missing (the one line of :class:`VLLMUnavailableError`).
 SETUP_HINT = (
@@ -207,7 +206,7 @@ class VLLMEngine:
         log = open(self.dir / LOG_FILE, "wb")  # noqa: SIM115 (the child writes it; closed right after the start)
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "steadyrl.rollout.vllm_engine", str(child.fileno())],
+                [sys.executable, "-m", "steadyrl.rollout.vllm_server", str(child.fileno())],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -369,7 +368,7 @@ class VLLMEngine:
             pad_id=int(self.tokenizer.pad_token_id),
             version=self.version if version is None else version,
         )
-        rollouts = _assemble(
+        rollouts = assemble_rollouts(
             steps,
             prompt_ids=enc.ids.repeat_interleave(group_size, dim=0),
             prompt_mask=enc.mask.repeat_interleave(group_size, dim=0),
@@ -408,7 +407,7 @@ class VLLMEngine:
                                       eos_token_ids=eos_token_ids, budget=budget, budget_key="tools.max_total_tokens")
         prompt_ids = enc.ids.repeat_interleave(group_size, dim=0)
         prompt_mask = enc.mask.repeat_interleave(group_size, dim=0)
-        rows = [_Row(prompt=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
+        rows = [TurnRow(prompt=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
         stops = set(stop_ids)
         call_stop = stop_ids + sorted(self.trigger_ids(fmt.close) - stops)
         v = self.version if version is None else version
@@ -421,7 +420,7 @@ class VLLMEngine:
                 break
             for r in pending:
                 r.turn_start, r.turns = len(r.ids), r.turns + 1
-            calls: list[tuple[_Row, str]] = []
+            calls: list[tuple[TurnRow, str]] = []
             while pending:
                 outputs = self._call("generate", {
                     "rows": [r.prompt + r.ids for r in pending],
@@ -430,24 +429,24 @@ class VLLMEngine:
                     "params": params,
                 })  # fmt: skip
                 pending = self._extend_rows(pending, outputs, calls, fmt=fmt, stops=stops, budget=budget, version=v)
-            _run_calls(calls, last_turn=turn == tools.max_turns, sandbox=tools.runner, tokenizer=self.tokenizer,
+            run_tool_calls(calls, last_turn=turn == tools.max_turns, sandbox=tools.runner, tokenizer=self.tokenizer,
                        fmt=fmt, max_tool_tokens=tools.max_tool_tokens, max_total_tokens=budget)  # fmt: skip
-        out = _assemble_multiturn(rows, prompt_ids, prompt_mask, self.tokenizer, stop_ids, pad_id, group_size, False)
+        out = assemble_multiturn(rows, prompt_ids, prompt_mask, self.tokenizer, stop_ids, pad_id, group_size, False)
         if self.device.type == "cpu":
             return out
         return out._replace(rollouts=out.rollouts.to(self.device))
 
     def _extend_rows(
         self,
-        rows: list[_Row],
+        rows: list[TurnRow],
         outputs: Sequence[tuple[list[int], list[float]]],
-        calls: list[tuple[_Row, str]],
+        calls: list[tuple[TurnRow, str]],
         *,
         fmt: ToolCallFormat,
         stops: set[int],
         budget: int,
         version: int,
-    ) -> list[_Row]:
+    ) -> list[TurnRow]:
         """Append each row's sampled tokens and apply the transformers path's rule to its turn: EOS ends the row, a
         closed call is added to ``calls``, a full budget truncates; the rows left to continue are returned."""
         if any(len(tokens) == 0 or len(tokens) != len(logps) for tokens, logps in outputs):
@@ -489,12 +488,12 @@ def engine_from_config(rollout: Any, *, model: nn.Module, tokenizer: Any, versio
 
 def _steps_from_outputs(
     outputs: Sequence[tuple[list[int], list[float]]], *, stop_ids: set[int], pad_id: int, version: int
-) -> _Steps:
+) -> DecodeSteps:
     """Per-step tensors (as :func:`generate`'s decoding loop builds them) from each row's tokens and log-probs."""
     if any(len(tokens) == 0 or len(tokens) != len(logps) for tokens, logps in outputs):
         raise RuntimeError("the vLLM server returned a row without tokens or with mismatched log-probs")
     T = max(len(tokens) for tokens, _ in outputs)
-    steps = _Steps()
+    steps = DecodeSteps()
     for t in range(T):
         alive = [t < len(tokens) for tokens, _ in outputs]
         steps.tokens.append(torch.tensor([tok[t] if a else pad_id for (tok, _), a in zip(outputs, alive, strict=True)]))
@@ -547,108 +546,3 @@ def _cleanup(proc: subprocess.Popen[bytes] | None, conn: Connection | None, dire
     if conn is not None:
         conn.close()
     shutil.rmtree(directory, ignore_errors=True)
-
-
-# ------------------------------------------------------------------------------------------------ the server
-def _serve(fd: int) -> None:
-    """The child process: build ``vllm.LLM`` on the first request, then answer until ``close`` or EOF."""
-    conn = Connection(fd)
-    llm = None
-    workdir: str | None = None
-    while True:
-        try:
-            op, payload = conn.recv()
-        except EOFError:  # the parent died without closing (e.g. a killed Ray actor): its directory is ours to delete
-            if workdir is not None:
-                shutil.rmtree(workdir, ignore_errors=True)
-            op, payload = "close", None
-        if op == "close":  # nothing to flush: skip vLLM's slow interpreter shutdown (seconds); the parent cleans up
-            sys.stdout.flush()
-            os._exit(0)
-        try:
-            if op == "init":
-                from vllm import LLM
-
-                workdir = payload["model"]
-                llm = LLM(**payload)
-                # one token now: unsupported shapes fail at start-up, and the first call's warm-up is paid here
-                llm.generate([{"prompt_token_ids": [0]}], _warmup_params(), use_tqdm=False)
-                result: Any = None
-            elif llm is None:
-                raise RuntimeError(f"request {op!r} before init")
-            elif op == "generate":
-                result = _serve_generate(llm, payload)
-            elif op == "reload":
-                llm.collective_rpc("reload_weights", kwargs={"weights_path": payload})
-                from vllm.platforms import current_platform
-
-                if current_platform.is_cpu():
-                    llm.collective_rpc(_repack_cpu_gemms)
-                llm.reset_prefix_cache()
-                result = None
-            else:
-                raise ValueError(f"unknown request {op!r}")
-        except Exception:
-            conn.send(("error", traceback.format_exc()))
-            continue
-        conn.send(("ok", result))
-
-
-def _repack_cpu_gemms(worker: Any) -> None:
-    """Re-pack the CPU GEMMs that still hold a weight (vLLM 0.32, CPU backend).
-
-    On CPU vLLM packs each output-layer weight into a ``cpu_linear`` closure when it is loaded. A tied ``lm_head``
-    has no tensor of its own in the checkpoint, so ``reload_weights`` copies the new embedding into the shared
-    parameter but leaves the head's packed copy at the *old* weights (measured: sampled log-probs then match neither
-    the old nor the new weights). Layers whose weight was moved into the closure (``numel() == 0``) were re-packed by
-    the reload itself; the others are re-packed here from their current weight.
-    """
-    model = worker.model_runner.get_model()
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        method = getattr(module, "quant_method", None)
-        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.numel() and method:
-            method.process_weights_after_loading(module)
-
-
-def _warmup_params() -> Any:
-    from vllm import SamplingParams as VSamplingParams
-
-    return VSamplingParams(max_tokens=1, ignore_eos=True, detokenize=False)
-
-
-def _serve_generate(llm: Any, payload: Mapping[str, Any]) -> list[tuple[list[int], list[float]]]:
-    """Sample every row with its own seed; each row's tokens and the processed log-prob of each sampled token."""
-    from vllm import SamplingParams as VSamplingParams
-    from vllm import TokensPrompt
-
-    p = payload["params"]
-    max_tokens = payload.get("max_tokens") or [p["max_tokens"]] * len(payload["seeds"])  # per row (tool turns)
-    params = [
-        VSamplingParams(
-            n=1,
-            temperature=p["temperature"],
-            top_p=p["top_p"],
-            top_k=p["top_k"],
-            max_tokens=m,
-            ignore_eos=True,  # stop on exactly stop_token_ids (the model's generation config adds none)
-            stop_token_ids=p["stop_token_ids"],
-            logprobs=0,  # the sampled token's log-prob (processed_logprobs: of the distribution sampled from)
-            seed=s,
-            detokenize=False,
-        )
-        for s, m in zip(payload["seeds"], max_tokens, strict=True)
-    ]
-    prompts = [TokensPrompt(prompt_token_ids=r) for r in payload["rows"]]
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    result = []
-    for out in outs:
-        c = out.outputs[0]
-        tokens = list(c.token_ids)
-        logps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], tokens, strict=True)]
-        result.append((tokens, logps))
-    return result
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]))

@@ -149,11 +149,6 @@ class Snapshot(NamedTuple):
         return self.state.load() if isinstance(self.state, DiskState) else self.state
 
 
-def cpu_state(model: nn.Module) -> dict[str, Tensor]:
-    """A detached CPU copy of ``model.state_dict()``; tensors that share storage (tied embeddings) stay shared."""
-    return copy_state(model.state_dict(), device=torch.device("cpu"))
-
-
 def state_bytes(model: nn.Module) -> int:
     """Bytes of one snapshot of ``model`` (its state dict in its own dtype, tied tensors once)."""
     seen: dict[tuple[int, tuple[int, ...], torch.dtype], int] = {}

@@ -104,13 +104,6 @@ def _figure(size: tuple[float, float]) -> Any:
     return Figure(figsize=size, dpi=DPI)
 
 
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=DPI)
-    return buf.getvalue()
-
-
 def _colors(names: Sequence[str]) -> dict[str, Any]:
     from matplotlib import colormaps
 

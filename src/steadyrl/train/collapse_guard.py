@@ -356,11 +356,6 @@ class CollapseGuard:
             self._target = self._candidate
         self._candidate = self._snapshot(steps_done)
 
-    @property
-    def target_step(self) -> int | None:
-        """The step whose state a rollback would restore (None: none held)."""
-        return None if self._target is None else self._target.step
-
     # ------------------------------------------------------------------------------------------------- log
     def _log(self, entry: Mapping[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
