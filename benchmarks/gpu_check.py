@@ -16,7 +16,10 @@ check").
    guard's rollback restores the weights bit for bit and the next step runs; VCPO (the fused norm pass), GAC,
    ``precision=bf16`` train; ``runtime.mode=local`` trains with its sampler process beside the learner on its
    device (``runtime.sampler_device=learner``); the adapters' step control runs ``seq_tis+ess_lr`` and
-   ``seq_tis+gac`` on the device behind a stand-in trainer. The exit status is non-zero when any item fails.
+   ``seq_tis+gac`` on the device behind a stand-in trainer; three tool-use steps (model-written code run in the
+   sandbox); a profile of one sampling and one learner step of the main run's batch (tokens/s, peak memory per
+   phase, the learner's FLOP/s as a share of a matmul peak measured in the same process: :func:`item_profile`). The
+   exit status is non-zero when any item fails.
 
 Run it through ``bash benchmarks/gpu_check.sh`` on a machine with only torch/transformers/accelerate/numpy (it
 installs the rest from wheels first), or directly where steadyrl is installed:
@@ -59,7 +62,10 @@ PRECISION = "bf16-mixed"
 #: Seed of the model's initialization, the warm start and the RL run.
 SEED = 0
 #: The PASS/FAIL items, in the order they run (:func:`run_items`).
-ITEMS = ("train", "resume", "rollback", "vcpo", "gac", "bf16", "local_sampler", "adapter_ess_lr", "adapter_gac")
+ITEMS = (
+    "train", "resume", "rollback", "vcpo", "gac", "bf16", "tools", "local_sampler", "adapter_ess_lr", "adapter_gac",
+    "profile",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -488,6 +494,123 @@ def item_adapter(name: str, method: str, *, model_dir: Path, placement: Placemen
     return ItemResult(name, ok, f"{method}: {shown}; lr restored {restored}, weights moved {moved}")
 
 
+#: Tool-use item: the main job's sums with a sandboxed calculator (the check's model was not warm-started on tool
+#: calls, so it may call none: the item checks the multi-turn path runs and logs, not that tools help).
+TOOL_OVERRIDES = (
+    "task=chain_sum_tool", "task.min_terms=2", "task.max_terms=2", "task.min_digits=2", "task.max_digits=2",
+    "tools.enabled=true", "tools.max_total_tokens=56", "tools.max_tool_tokens=12", "tools.sandbox.workers=2",
+    "tools.sandbox.timeout_s=3", "tools.sandbox.cpu_s=2", "method=seq_tis",
+)  # fmt: skip
+
+
+def matmul_peak_flops(device: torch.device, *, reps: int = 10) -> tuple[float, str]:
+    """The best FLOP/s of a square matmul on ``device`` (bf16 on a GPU, n = 8192; float32 on the CPU, n = 1024),
+    measured now, in this process: the denominator of the learner's share."""
+    cuda = device.type == "cuda"
+    n, dtype = (8192, torch.bfloat16) if cuda else (1024, torch.float32)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = math.inf
+    for _ in range(reps + 2):  # two warm-up calls
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        if cuda:
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best, f"{str(dtype).removeprefix('torch.')} {n}x{n}"
+
+
+def learner_flops(model: torch.nn.Module, rollouts: Any, *, chunked_head: bool) -> float:
+    """FLOPs of one learner forward + backward on ``rollouts`` as the learner runs it (prompts shared: each group's
+    padded prompt once, every row's padded response): 6 per body parameter per position, plus the output layer on
+    response positions only (6·H·V, 8·H·V when the head runs in vocabulary chunks: one more forward in its backward).
+    Attention scores and norms are not counted (sequences of ~20 tokens: under 1% here), so the share is a lower
+    bound."""
+    head = model.get_output_embeddings().weight
+    body = sum(p.numel() for p in model.parameters()) - head.numel()  # a tied embedding is the head: counted once
+    groups = int(rollouts.group_ids.unique().numel()) if getattr(rollouts, "group_ids", None) is not None else len(
+        rollouts.prompt_ids)
+    prompt_positions = groups * rollouts.prompt_ids.shape[1]
+    response_positions = rollouts.response_ids.numel()
+    vocab, hidden = head.shape
+    return 6.0 * body * (prompt_positions + response_positions) + (8.0 if chunked_head else 6.0) * hidden * vocab * (
+        response_positions)
+
+
+def item_profile(size: Size, *, model_dir: Path, placement: Placement) -> ItemResult:
+    """One sampling step and one learner step (forward, backward, AdamW) of the main run's batch, each timed after a
+    warm-up call, with its peak memory; the learner's FLOP/s (:func:`learner_flops`) against a bf16 matmul's peak
+    measured in this process. Passes when every figure is finite and positive and the share lies in (0, 1]: a share
+    above 1 means the FLOP count counts work that was not done."""
+    from steadyrl.base.seeding import generator
+    from steadyrl.core.vocab_chunks import DEFAULT_CHUNK_ELEMENTS
+    from steadyrl.rollout.logprobs import sequence_logprobs
+    from steadyrl.rollout.sampler import generate
+
+    model = _load_policy(model_dir, placement)
+    device, cuda = placement.device, placement.device.type == "cuda"
+    tokenizer = build_char_tokenizer()
+    prompts = [p.prompt for p in build_task(MAIN_JOB_TASK).problems("train", size.prompts_per_step, seed=SEED)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    def peak_reset() -> None:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def peak_gib() -> float | None:
+        return torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+
+    def sample(seed: int) -> Any:
+        with torch.no_grad(), placement.autocast():
+            return generate(model, tokenizer, prompts, group_size=size.group_size, max_new_tokens=8, version=0,
+                            generator=generator(seed, "sample", device=device))  # fmt: skip
+
+    def learn(rollouts: Any) -> None:
+        with placement.autocast():
+            logp = sequence_logprobs(model, rollouts, share_prompts=True).logp
+        mask = rollouts.response_mask
+        loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    sample(SEED)  # warm-up
+    sync()
+    peak_reset()
+    t0 = time.perf_counter()
+    rollouts = sample(SEED + 1)
+    sync()
+    sample_s, sample_peak = time.perf_counter() - t0, peak_gib()
+    learn(rollouts)  # warm-up
+    sync()
+    peak_reset()
+    t0 = time.perf_counter()
+    learn(rollouts)
+    sync()
+    learn_s, learn_peak = time.perf_counter() - t0, peak_gib()
+    tokens = float(rollouts.response_mask.sum())
+    head = model.get_output_embeddings().weight
+    chunked = rollouts.response_ids.numel() * head.shape[0] > DEFAULT_CHUNK_ELEMENTS
+    flops = learner_flops(model, rollouts, chunked_head=chunked)
+    peak, peak_shape = matmul_peak_flops(device)
+    share = flops / learn_s / peak
+    figures = {"sampler_tokens_per_s": tokens / sample_s, "learner_tokens_per_s": tokens / learn_s,
+               "learner_tflops": flops / learn_s / 1e12, "matmul_peak_tflops": peak / 1e12, "learner_share": share}
+    ok = all(math.isfinite(v) and v > 0 for v in figures.values()) and share <= 1.0
+    memory = "" if not cuda else f", peak memory sampling {sample_peak:.2f} GiB, learning {learn_peak:.2f} GiB"
+    detail = (f"{size.prompts_per_step}x{size.group_size} rows, {tokens:.0f} response tokens: sampler "
+              f"{figures['sampler_tokens_per_s']:.0f} tok/s, learner {figures['learner_tokens_per_s']:.0f} tok/s, "
+              f"{figures['learner_tflops']:.3g} TFLOP/s = {share:.1%} of a {peak_shape} matmul's "
+              f"{figures['matmul_peak_tflops']:.3g}{memory}")  # fmt: skip
+    return ItemResult("profile", ok, detail)
+
+
 def run_items(fields: Mapping[str, Any], *, size: Size, device: str, model_dir: Path, work: Path,
               only: Sequence[str] = ITEMS) -> list[ItemResult]:  # fmt: skip
     """The items of :data:`ITEMS` (those in ``only``); an item that raises is a FAIL with the exception."""
@@ -501,11 +624,13 @@ def run_items(fields: Mapping[str, Any], *, size: Size, device: str, model_dir: 
                                  check="grad/fused"),  # the fused norm pass (the main run micro-batches)
         "gac": lambda: item_run("gac", size, **common, extra=["method=seq_tis+gac"], check="gac/cos"),
         "bf16": lambda: item_run("bf16", size, **common, extra=["precision=bf16"]),
+        "tools": lambda: item_run("tools", size, **common, extra=list(TOOL_OVERRIDES), check="tool/tokens_mean"),
         "local_sampler": lambda: item_run("local_sampler", size, **common, extra=[
             "runtime.mode=local", "lag=0", "runtime.sampler_device=learner", "runtime.threads=1"]),
         "adapter_ess_lr": lambda: item_adapter("adapter_ess_lr", "seq_tis+ess_lr", model_dir=model_dir,
                                                placement=placement),
         "adapter_gac": lambda: item_adapter("adapter_gac", "seq_tis+gac", model_dir=model_dir, placement=placement),
+        "profile": lambda: item_profile(size, model_dir=model_dir, placement=placement),
     }
     results = []
     for name in ITEMS:

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 from steadyrl.models import build_char_tokenizer
 from tests.benchmark_scripts import load_benchmark
@@ -110,3 +111,34 @@ def test_gpu_size_microbatches_the_batch(gpu_check: ModuleType) -> None:
     size = gpu_check.SIZES["gpu"]
     assert size.microbatch_tokens < size.prompts_per_step * size.group_size * 12
     assert size.steps == 30 and size.prompts_per_step == 64 and size.group_size == 8 and size.eval_every == 10
+
+
+def test_learner_flops_count_each_groups_prompt_once(gpu_check: ModuleType) -> None:
+    """6 FLOPs per body parameter per position (a group's prompt once, every response position) plus the output
+    layer on response positions: 6·H·V, or 8·H·V with the chunked head's recompute."""
+    from types import SimpleNamespace
+
+    from steadyrl.models import TinyArchConfig, build_tiny_model
+
+    model = build_tiny_model(TinyArchConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
+    head = model.get_output_embeddings().weight
+    body = sum(p.numel() for p in model.parameters()) - head.numel()
+    rollouts = SimpleNamespace(group_ids=torch.tensor([0, 0, 0, 1, 1, 1]), prompt_ids=torch.zeros(6, 5),
+                               response_ids=torch.zeros(6, 7))  # fmt: skip
+    V, H = head.shape
+    positions = 2 * 5 + 6 * 7
+    assert gpu_check.learner_flops(model, rollouts, chunked_head=False) == 6 * body * positions + 6 * H * V * 42
+    assert gpu_check.learner_flops(model, rollouts, chunked_head=True) == 6 * body * positions + 8 * H * V * 42
+
+
+def test_profile_fails_when_the_flop_count_exceeds_the_peak(
+    gpu_check: ModuleType, smoke: tuple[int, str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The profile item's rule can fail: a FLOP count of work not done (here ×1000) puts the share above 1."""
+    from steadyrl.base.device import Placement
+
+    real = gpu_check.learner_flops
+    monkeypatch.setattr(gpu_check, "learner_flops", lambda *a, **k: 1000 * real(*a, **k))
+    placement = Placement.from_names("cpu", gpu_check.PRECISION)
+    result = gpu_check.item_profile(gpu_check.SIZES["tiny"], model_dir=smoke[2] / "work" / "model", placement=placement)
+    assert not result.passed and "% of a float32 1024x1024 matmul" in result.detail, result.detail

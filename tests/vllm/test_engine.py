@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from steadyrl.base.device import copy_state
 from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
 from steadyrl.models.tokenizer import build_char_tokenizer
@@ -19,7 +20,6 @@ from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import encode_prompts
 from steadyrl.rollout.vllm_engine import SETUP_HINT, VLLMEngine, VLLMSettings, engine_mismatch, vllm_available
-from steadyrl.runtime.lag import cpu_state
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason=f"vLLM is not installed here; {SETUP_HINT}")
 
@@ -105,7 +105,8 @@ def test_weight_update_in_place_moves_the_samples_to_the_new_weights(
     r = engine.generate(PROMPTS, group_size=8, max_new_tokens=8, seed=2)
     assert _max_dlogp(new, r) <= LOGP_TOL and _max_dlogp(old, r) > 0.1
     assert bool((r.versions[r.response_mask] == 7).all())
-    engine.update_weights(cpu_state(old), version=8)  # a lag-runtime snapshot: a state dict, tied tensors shared
+    snapshot = copy_state(old.state_dict(), device=torch.device("cpu"))  # as the lag ring keeps it: tied tensors shared
+    engine.update_weights(snapshot, version=8)
     r = engine.generate(PROMPTS, group_size=8, max_new_tokens=8, seed=2)
     assert _max_dlogp(old, r) <= LOGP_TOL and _max_dlogp(new, r) > 0.1
     assert engine.generate(PROMPTS, group_size=2, max_new_tokens=4, seed=0, version=11).versions.max() == 11
