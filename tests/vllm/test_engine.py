@@ -112,6 +112,25 @@ def test_weight_update_in_place_moves_the_samples_to_the_new_weights(
     assert engine.generate(PROMPTS, group_size=2, max_new_tokens=4, seed=0, version=11).versions.max() == 11
 
 
+
+def test_a_weight_update_writes_nothing_to_disk(
+    engine: VLLMEngine, models: tuple[PreTrainedModel, PreTrainedModel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tensors go over the pipe into vLLM's ``load_weights``: no safetensors file is written (the writer would
+    raise) and the engine's directory is untouched, yet the samples follow the new weights."""
+    import safetensors.torch
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a weight update wrote a safetensors file")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", refuse)
+    before = {p.name: p.stat().st_mtime_ns for p in engine.dir.iterdir()}
+    old, new = models
+    engine.update_weights(new, version=5)
+    assert {p.name: p.stat().st_mtime_ns for p in engine.dir.iterdir()} == before
+    r = engine.generate(PROMPTS, group_size=4, max_new_tokens=8, seed=4)
+    assert _max_dlogp(new, r) <= LOGP_TOL and _max_dlogp(old, r) > 0.1
+
 def test_seeds_reproduce_and_rows_are_independent(engine: VLLMEngine, models: tuple[PreTrainedModel, ...]) -> None:
     engine.update_weights(models[0], version=0)
     a = engine.generate(["1+1="], group_size=16, max_new_tokens=6, seed=5)

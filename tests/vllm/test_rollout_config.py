@@ -7,10 +7,17 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 from steadyrl.config.io import ConfigError, load_config
 from steadyrl.config.train import RolloutConfig, TrainConfig
-from steadyrl.rollout.vllm_engine import SETUP_HINT, VLLMSettings, engine_from_config, vllm_available
+from steadyrl.rollout.vllm_engine import (
+    SETUP_HINT,
+    VLLMSettings,
+    engine_from_config,
+    server_devices,
+    vllm_available,
+)
 from steadyrl.train.entry import main
 
 
@@ -53,3 +60,32 @@ def test_train_without_vllm_fails_in_one_line(tmp_path: Path, capsys: pytest.Cap
     err = capsys.readouterr().err.strip()
     assert err == f"steadyrl train: {SETUP_HINT}" and "bash scripts/setup_vllm.sh" in err
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_settings_resolve_per_device() -> None:
+    """``dtype=auto`` and ``enforce_eager=null`` are float32 and eager on the CPU, bfloat16 and CUDA graphs on a GPU;
+    an explicit value wins on either."""
+    auto = VLLMSettings()
+    assert auto.resolved(torch.device("cpu")) == ("float32", True)
+    assert auto.resolved(torch.device("cuda", 1)) == ("bfloat16", False)
+    fixed = VLLMSettings(dtype="float16", enforce_eager=True)
+    assert fixed.resolved(torch.device("cuda")) == ("float16", True)
+
+
+@pytest.mark.parametrize(
+    ("device", "visible", "expected"),
+    [
+        ("cpu", "", {}),
+        ("cuda", "", {"CUDA_VISIBLE_DEVICES": "0"}),
+        ("cuda:1", "", {"CUDA_VISIBLE_DEVICES": "1"}),
+        ("cuda:1", "4,6", {"CUDA_VISIBLE_DEVICES": "6"}),  # torch's cuda:1 is the second GPU this process sees
+    ],
+)
+def test_the_server_sees_the_policys_gpu(device: str, visible: str, expected: dict[str, str]) -> None:
+    env = {"CUDA_VISIBLE_DEVICES": visible} if visible else {}
+    assert server_devices(torch.device(device), env) == expected
+
+
+def test_a_gpu_the_process_cannot_see_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"cuda:2.*CUDA_VISIBLE_DEVICES=4,6.*cuda:0 … cuda:1"):
+        server_devices(torch.device("cuda:2"), {"CUDA_VISIBLE_DEVICES": "4,6"})

@@ -155,11 +155,10 @@ class RolloutConfig(_Section):
         "device where vLLM finds one). vllm adds the mismatch/* metrics "
         "in runtime.mode=lag.",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32",
-        description="vllm: dtype of the engine's "
-        "weights and activations (the trainer keeps model.dtype);"
-        " lower precision shows up in mismatch/*.",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="vllm: dtype of the engine's weights and activations (the trainer keeps model.dtype); auto: "
+        "float32 on the CPU, bfloat16 on a GPU. Lower precision shows up in mismatch/*.",
     )
     kv_cache_gb: float | None = Field(
         1.0,
@@ -174,10 +173,10 @@ class RolloutConfig(_Section):
         le=10_000_000,
         description="vllm: longest prompt + response in tokens (null: the model's max_position_embeddings).",
     )
-    enforce_eager: bool = Field(
-        True,
-        description="vllm: no CUDA graphs or torch.compile (fast start-up; on a GPU, "
-        "false decodes faster after a slower start).",
+    enforce_eager: bool | None = Field(
+        None,
+        description="vllm: no CUDA graphs or torch.compile (fast start-up; false decodes faster after a slower "
+        "start); null: true on the CPU, false on a GPU.",
     )
     gpu_memory_utilization: float = Field(
         0.5,

