@@ -233,6 +233,55 @@ def host_values(values: Iterable[Tensor]) -> list[float]:
     return torch.stack([v.to(device=device, dtype=torch.float64) for v in items]).tolist()
 
 
+
+class LaggedCount:
+    """A count the host reads without waiting for the device: the newest value whose copy has finished.
+
+    On a GPU, reading a tensor's value stalls the host until the device queue drains; a loop that reads one every
+    step (the decoder's count of rows still running) serializes host and device at every step. :meth:`push` starts a
+    non-blocking copy of the count into pinned host memory behind an event; :meth:`latest` returns the newest copy
+    that has finished (``event.query()``: never waits), so the host decides from a value one or a few steps old and
+    the device queue never drains. On the CPU there is no queue to drain: :meth:`push` reads the value at once and
+    :meth:`latest` is always current (the decisions, hence the samples, are those of an immediate read).
+
+    ``lagged`` forces the lagged form on the CPU (the copy becomes visible one :meth:`push` later), for tests.
+    """
+
+    def __init__(self, device: torch.device, *, lagged: bool | None = None) -> None:
+        self.cuda = device.type == "cuda"
+        self.lagged = self.cuda if lagged is None else lagged
+        self.value: int | None = None
+        """The newest finished copy (None: none yet)."""
+        self._pending: tuple[Tensor, Any] | None = None
+        self.waits = 0
+        """Reads that waited for the device (0 in the lagged form: a test reads it)."""
+
+    def push(self, count: Tensor) -> None:
+        """Start reading ``count`` (a 0-d integer tensor); a push while a copy is in flight is dropped."""
+        if not self.lagged:
+            self.value = int(count)
+            self.waits += int(count.device.type == "cuda")
+            return
+        if self._pending is not None:
+            return
+        if self.cuda:
+            host = torch.empty((), dtype=count.dtype, pin_memory=True)
+            host.copy_(count, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending = (host, event)
+        else:
+            self._pending = (count.detach().clone(), None)
+
+    def latest(self) -> int | None:
+        """The newest count whose copy has finished, without waiting (None while none has)."""
+        if self._pending is not None:
+            host, event = self._pending
+            if event is None or event.query():
+                self.value = int(host)
+                self._pending = None
+        return self.value
+
 class Float32OutputLinear(nn.Linear):
     """``nn.Linear`` whose product runs in float32 (at least) whatever autocast or the weights' dtype: the output
     layer of every placed model. The same map as ``nn.Linear`` (so the ghost gradient-norm pass treats it as one:

@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
+from steadyrl.base.device import LaggedCount
 from steadyrl.rollout.distribution import SamplingParams, check_sampling_params, entropy_from_log_probs
 from steadyrl.rollout.distribution import sampling_log_probs as _sampling_log_probs
 from steadyrl.rollout.rollouts import PAD_VERSION, Rollouts
@@ -217,6 +218,7 @@ def generate(
     record_entropy: bool = False,
     eos_token_ids: Sequence[int] | None = None,
     before_forward: Callable[[], int] | None = None,
+    lagged_reads: bool | None = None,
 ) -> Rollouts:
     """Sample ``group_size`` responses for each prompt; N = ``len(prompts) * group_size`` rows.
 
@@ -238,6 +240,12 @@ def generate(
             of the weights that forward will use. Each token records the version of the forward whose logits it was
             drawn from (the KV cache of earlier tokens is kept, as those systems do). None: every token has
             ``version``.
+        lagged_reads: how the loop learns how many rows still run (to stop, and to drop ended rows from the
+            forward): None (default) reads it without waiting on a GPU (:class:`~steadyrl.base.device.LaggedCount`:
+            a count one or a few steps old, so no decoded token stalls the host; ended rows may run a few steps
+            longer, fed padding, and trailing steps where every row had ended are dropped) and at once on the CPU,
+            where a read costs no stall. True forces the lagged form (tests); the samples of a row are its tokens
+            either way, but the random stream of a batch depends on which rows a forward holds.
 
     Returns:
         :class:`Rollouts` with ``T`` = the longest response (≤ ``max_new_tokens``); ``behav_logp`` is
@@ -271,6 +279,7 @@ def generate(
             use_cache=use_cache,
             record_entropy=record_entropy,
             before_forward=before_forward or (lambda: version),
+            lagged_reads=lagged_reads,
         )
     return assemble_rollouts(
         steps,
@@ -376,6 +385,7 @@ def _decode(
     use_cache: bool,
     record_entropy: bool,
     before_forward: Callable[[], int],
+    lagged_reads: bool | None = None,
 ) -> DecodeSteps:
     n_prompts, P = prompts.ids.shape
     N = n_prompts * group_size
@@ -406,6 +416,7 @@ def _decode(
     rows: Tensor | None = None  # the rows in the forward (indices into N); None: all of them
     sampler = _Sampler(params=params, generator=generator, record_entropy=record_entropy)
     finished = torch.zeros(N, dtype=torch.bool, device=prompts.ids.device)
+    alive = LaggedCount(finished.device, lagged=lagged_reads)
     steps = DecodeSteps()
     for t in range(max_new_tokens):
         draw = sampler.draw(logits, rows)
@@ -417,11 +428,12 @@ def _decode(
         token = draw.token.masked_fill(finished, pad_id)
         steps.tokens.append(token)
         finished = finished | torch.isin(token, stop_ids)
-        n_alive = int((~finished).sum())  # the one host sync of a step
+        alive.push((~finished).sum())  # read without waiting on a GPU (a count one or a few steps old)
+        n_alive = alive.latest()
         if t + 1 == max_new_tokens or n_alive == 0:
             break
         batch = N if rows is None else rows.numel()
-        if cache is not None and n_alive <= COMPACT_BELOW * batch:  # ended rows leave the forward
+        if cache is not None and n_alive is not None and n_alive <= COMPACT_BELOW * batch:  # ended rows leave
             keep = (~finished if rows is None else ~finished[rows]).nonzero().flatten()  # into the batch's rows
             if keep.numel() < batch:
                 if rows is None:
@@ -436,7 +448,7 @@ def _decode(
             fed = token if rows is None else token[rows]
             out = model(
                 input_ids=fed.unsqueeze(-1),
-                attention_mask=attention,
+                attention_mask=decode_mask(attention, model) if alive.lagged else attention,
                 position_ids=(prompt_len + t).unsqueeze(-1),
                 use_cache=True,
                 logits_to_keep=1,
@@ -453,8 +465,31 @@ def _decode(
             )
         logits = out.logits[:, -1]
     steps.stopped = finished
+    if alive.lagged:  # a count read late may have run steps after every row had ended: drop them (one read)
+        ran = int(torch.stack(steps.alive).any(dim=1).nonzero().max()) + 1
+        for name in ("tokens", "logps", "entropies", "alive", "versions"):
+            values = getattr(steps, name)
+            del values[ran:]
     return steps
 
+
+def decode_mask(attention: Tensor, model: nn.Module) -> Tensor:
+    """The one-token decode step's attention mask ``[n, 1, 1, length]``, built here so the model uses it as it is.
+
+    Given the 2-D padding mask, ``transformers`` checks whether it may skip the mask (``masking_utils``: whether
+    every position is attended), which reads the mask's values on the host once per forward: on a GPU, a stall per
+    decoded token. A 4-D mask is taken as prepared. For one query token the causal part is empty (every kept position
+    precedes it), so the mask is the padding mask itself: boolean for SDPA, additive (0 or the dtype's lowest) for
+    the eager implementation. Other implementations get the 2-D mask (and their own reads).
+    """
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    keep = attention.bool()[:, None, None, :]
+    if implementation == "sdpa":
+        return keep
+    if implementation == "eager":
+        dtype = next(model.parameters()).dtype
+        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
+    return attention
 
 def assemble_rollouts(
     steps: DecodeSteps,
