@@ -41,7 +41,7 @@ OTHER_PROJECTS = (
     "megatron", "sglang", "llama\\.cpp", "gguf", "cpython", "python", "numpy", "jax", "triton", "flash-attn",
     "flash ?attention", "beartype", "jaxtyping", "hypothesis", "pytest", "ruff", "wandb", "mlflow", "tensorboard",
 )
-_ISSUE = re.compile(r"\b(?:issues?|PRs?|pull requests?)\s+#?\d+|(?<![\w&/#])#\d{1,4}\b(?![\w-])", re.I)
+_ISSUE = re.compile(r"\b(?:issues?|PRs?|pull requests?)\s+#?\d+|(?<![\w&/#])#\d{1,4}\b(?![\w;-])", re.I)
 _CITED = re.compile(r"(?:\b(?:" + "|".join(OTHER_PROJECTS) + r")\b|github\.com/|https?://)[^\n]{0,40}$", re.I)
 
 
@@ -93,6 +93,7 @@ def history_hits(text: str) -> list[tuple[int, str, str]]:
         ("shared memory", False),
         ("docs/algorithms.md, section 3", False),
         ("colour #1f77b4", False),
+        ("color: #222;", False),
         ("| 4 issues |", False),
     ],
 )

@@ -5,7 +5,7 @@ detached here, whatever the caller passes) and the token ``mask``, and returns
 ``types.Corrected(weights, mask, metrics)``: the per-token weight the loss multiplies in, and the mask with rejected
 tokens removed. The loss layer then aggregates over the returned mask (``masking.aggregate``).
 
-Conventions steadyrl picks where frameworks differ (ALGORITHMS.md, "Conventions that differ"):
+Conventions steadyrl picks where frameworks differ (docs/algorithms.md, "Conventions that differ between frameworks"):
 
 * **Padding.** Weights are 0 at every position outside the returned mask (verl and AReaL; TRL leaves padded
   weights at 1 and masks later). Values of ``log_ratio`` outside ``mask`` may be garbage (nan/inf): never read.

@@ -1,4 +1,4 @@
-"""The catalog: every named method of ALGORITHMS.md as a preset, and the rule that composes them (``seq_tis+gac``).
+"""The catalog: every named method of docs/algorithms.md as a preset, and the rule that composes them (``seq_tis+gac``).
 
 A preset sets only the components it is about (its ``fields``); everything else keeps the ``MethodSpec`` default
 (GRPO advantages, PPO-clip objective, token-mean, no correction). Composing presets merges their fields:

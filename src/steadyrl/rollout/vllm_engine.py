@@ -16,7 +16,7 @@ How it works:
 3. **Behavior log-probs.** vLLM's default ``logprobs_mode="raw_logprobs"`` reports log-softmax of the *raw* logits,
    before temperature and top-k/top-p: not the distribution sampled from. The engine starts vLLM with
    ``logprobs_mode="processed_logprobs"``: log-softmax of the logits after temperature and the top-k/top-p mask, the
-   ones vLLM samples from (``vllm/v1/sample/sampler.py``), so ``behav_logp`` is log μ(y_t) as ALGORITHMS.md defines
+   ones vLLM samples from (``vllm/v1/sample/sampler.py``), so ``behav_logp`` is log μ(y_t) as docs/algorithms.md defines
    it, as :func:`generate` records it. vLLM's top-p rule (ascending cumulative mass ≤ 1 − p is dropped) keeps the
    same tokens as :mod:`steadyrl.rollout.distribution` (mass ranked before a token < p) up to float rounding at the
    boundary. ``logprobs=0`` returns the sampled token's log-prob only.
