@@ -36,10 +36,13 @@ BANNED: dict[str, str] = {
 
 #: Other projects whose issues and pull requests may be cited by number ("TRL issue 6945", "verl PR 7245").
 OTHER_PROJECTS = (
-    "trl", "verl", "vllm", "openrlhf", "skyrl", "areal", "pytorch", "torch", "transformers", "ray", "deepspeed",
-    "hugging ?face", "accelerate", "peft", "safetensors", "reasoning[-_ ]gym", "slime", "prime-rl", "nemo-rl",
-    "megatron", "sglang", "llama\\.cpp", "gguf", "cpython", "python", "numpy", "jax", "triton", "flash-attn",
-    "flash ?attention", "beartype", "jaxtyping", "hypothesis", "pytest", "ruff", "wandb", "mlflow", "tensorboard",
+    (
+        "trl verl vllm openrlhf skyrl areal pytorch torch transformers ray deepspeed hugging_?face accelerate peft "
+        "safetensors reasoning[-_ ]?gym slime prime-rl nemo-rl megatron sglang llama\\.cpp gguf cpython python numpy jax "
+        "triton flash-attn flash_?attention beartype jaxtyping hypothesis pytest ruff wandb mlflow tensorboard"
+    )
+    .replace("_", " ")
+    .split()
 )
 _ISSUE = re.compile(r"\b(?:issues?|PRs?|pull requests?)\s+#?\d+|(?<![\w&/#])#\d{1,4}\b(?![\w;-])", re.I)
 _CITED = re.compile(r"(?:\b(?:" + "|".join(OTHER_PROJECTS) + r")\b|github\.com/|https?://)[^\n]{0,40}$", re.I)
@@ -55,9 +58,9 @@ def shipped_files() -> list[Path]:
             continue
         for file in sorted(path.rglob("*")):
             parts = set(file.relative_to(ROOT).parts)
-            if file.is_file() and file.suffix in SUFFIXES and not parts & {"__pycache__", ".pytest_cache"}:
-                if not any(p.endswith(".egg-info") for p in parts):
-                    out.append(file)
+            skipped = parts & {"__pycache__", ".pytest_cache"} or any(p.endswith(".egg-info") for p in parts)
+            if file.is_file() and file.suffix in SUFFIXES and not skipped:
+                out.append(file)
     return out
 
 

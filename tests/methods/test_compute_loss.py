@@ -204,7 +204,7 @@ def test_vaco_realigns_with_prox_and_matches_float64_reference(seed: int) -> Non
 
 
 def _seq_tis_reference(batch: dict[str, torch.Tensor], cap: float = 8.0) -> float:
-    """docs/algorithms.md by hand: A_i = GRPO (unbiased std + 1e-6); w̄_i = min(exp S_i, C); seq-mean-token-mean of −A w̄."""
+    """By hand: A_i = GRPO (unbiased std + 1e-6); w̄_i = min(exp S_i, C); seq-mean-token-mean of −A w̄."""
     logp, behav, mask = batch["logp"].detach(), batch["behav_logp"], batch["mask"]
     R, gid = batch["rewards"].tolist(), batch["group_ids"].tolist()
     B, T = logp.shape

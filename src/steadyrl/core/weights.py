@@ -460,7 +460,7 @@ def prefix_ratio(
 ) -> Corrected:
     """Prefix-normalized ratio as a detached weight on the proximal ratio, w_t = exp((1/n_t) Σ_{k≤t, m_k} ℓ_k).
 
-    PNPO's weight (arXiv 2608.01418) on ℓ = log π_prox − log μ, as a correction on top of any objective: our earlier
+    PNPO's weight (arXiv 2608.01418) on ℓ = log π_prox − log μ, as a correction on top of any objective: another
     reading of the paper, kept as the ``prefix_ratio`` correction. The paper's own objective (the weight of π_θ
     against μ, its hard-rejection gate, a REINFORCE-style surrogate) is ``objectives.pnpo``. Optional ``cap`` C:
     w_t = exp(min(mean, log C)). Nothing is masked.

@@ -270,7 +270,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "prefix_ratio",
-        "PNPO's prefix-normalized ratio of π_prox/μ as a detached weight on PPO-clip (our earlier reading of the "
+        "PNPO's prefix-normalized ratio of π_prox/μ as a detached weight on PPO-clip (an alternative reading of the "
         "paper, kept as a correction to compose; the paper's method is pnpo)",
         "2608.01418",
         "reconstructed",
