@@ -38,8 +38,8 @@ BANNED: dict[str, str] = {
 OTHER_PROJECTS = (
     (
         "trl verl vllm openrlhf skyrl areal pytorch torch transformers ray deepspeed hugging_?face accelerate peft "
-        "safetensors reasoning[-_ ]?gym slime prime-rl nemo-rl megatron sglang llama\\.cpp gguf cpython python numpy jax "
-        "triton flash-attn flash_?attention beartype jaxtyping hypothesis pytest ruff wandb mlflow tensorboard"
+        "safetensors reasoning[-_ ]?gym slime prime-rl nemo-rl megatron sglang llama\\.cpp gguf cpython python numpy "
+        "jax triton flash-attn flash_?attention beartype jaxtyping hypothesis pytest ruff wandb mlflow tensorboard"
     )
     .replace("_", " ")
     .split()
