@@ -36,14 +36,11 @@ BANNED: dict[str, str] = {
 
 #: Other projects whose issues and pull requests may be cited by number ("TRL issue 6945", "verl PR 7245").
 OTHER_PROJECTS = (
-    (
-        "trl verl vllm openrlhf skyrl areal pytorch torch transformers ray deepspeed hugging_?face accelerate peft "
-        "safetensors reasoning[-_ ]?gym slime prime-rl nemo-rl megatron sglang llama\\.cpp gguf cpython python numpy "
-        "jax triton flash-attn flash_?attention beartype jaxtyping hypothesis pytest ruff wandb mlflow tensorboard"
-    )
-    .replace("_", " ")
-    .split()
-)
+    "trl", "verl", "vllm", "openrlhf", "skyrl", "areal", "pytorch", "torch", "transformers", "ray", "deepspeed",
+    "hugging ?face", "accelerate", "peft", "safetensors", "reasoning[-_ ]?gym", "slime", "prime-rl", "nemo-rl",
+    "megatron", "sglang", r"llama\.cpp", "gguf", "cpython", "python", "numpy", "jax", "triton", "flash-attn",
+    "flash ?attention", "beartype", "jaxtyping", "hypothesis", "pytest", "ruff", "wandb", "mlflow", "tensorboard",
+)  # fmt: skip
 _ISSUE = re.compile(r"\b(?:issues?|PRs?|pull requests?)\s+#?\d+|(?<![\w&/#])#\d{1,4}\b(?![\w;-])", re.I)
 _CITED = re.compile(r"(?:\b(?:" + "|".join(OTHER_PROJECTS) + r")\b|github\.com/|https?://)[^\n]{0,40}$", re.I)
 

@@ -137,7 +137,7 @@ def test_every_measured_table_in_the_readme_and_docs_has_its_provenance() -> Non
     files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     missing = [t for f in files for t in unprovenanced(f)]
     assert not missing, (
-        f"{len(missing)} table(s) of measured numbers have no 'Provenance: DATE, commit HASH, MACHINE · command: `CMD`' "
-        "paragraph in their section (benchmarks/_provenance.py prints one):\n"
+        f"{len(missing)} table(s) of measured numbers have no 'Provenance: DATE, commit HASH, MACHINE · command: "
+        "`CMD`' paragraph in their section (benchmarks/_provenance.py prints one):\n"
         + "\n".join(f"{t.path.relative_to(ROOT)}:{t.line}" for t in missing)
     )
