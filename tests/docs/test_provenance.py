@@ -27,6 +27,7 @@ _MEASURED = re.compile(
     rf"|{_NUM}\s*→\s*{_NUM}|^~?-?\d[\d,]*\.\d+$"
 )
 _HEADING = re.compile(r"^#{1,6} ")
+_BARE = re.compile(r"^~?-?\d[\d,]*\.\d+$")
 _PROVENANCE = re.compile(
     r"Provenance: .*?\b\d{4}-\d{2}-\d{2}\b.*?\bcommits? [0-9a-f]{7,40}\b.*?\b(?:machine|CPU|GPU)\b.*?command: `[^`]+`",
     re.S,
@@ -78,13 +79,16 @@ def tables(path: Path, lines: list[str], first: int) -> list[Table]:
     i = 0
     while i < len(lines):
         if lines[i].lstrip().startswith("|") and i + 1 < len(lines) and re.match(r"^\s*\|[\s:|-]+\|\s*$", lines[i + 1]):
+            options = "default" in _cells(lines[i])  # an option table: defaults, not measurements
             j = i + 2
-            measured = False
+            measured, marked = False, 0
             while j < len(lines) and lines[j].lstrip().startswith("|"):
                 cells = _cells(lines[j])[1:]
                 measured |= sum(is_measurement(c) for c in cells) >= 2
+                marked += sum(is_measurement(c) and not _BARE.match(c) for c in cells)
                 j += 1
-            found.append(Table(path, first + i, measured))
+            measured |= marked >= 2
+            found.append(Table(path, first + i, measured and not options))
             i = j
         else:
             i += 1
@@ -141,3 +145,13 @@ def test_every_measured_table_in_the_readme_and_docs_has_its_provenance() -> Non
         "`CMD`' paragraph in their section (benchmarks/_provenance.py prints one):\n"
         + "\n".join(f"{t.path.relative_to(ROOT)}:{t.line}" for t in missing)
     )
+
+
+def test_the_benchmarks_provenance_line_is_what_the_lint_accepts() -> None:
+    from tests.benchmark_scripts import load_benchmark
+
+    provenance = load_benchmark("_provenance")
+    line = provenance.provenance_line(["benchmarks/learner_step.py", "--methods", "grpo,vcpo"])
+    assert _PROVENANCE.match(line), line
+    assert line.endswith("command: `python benchmarks/learner_step.py --methods grpo,vcpo`")
+    assert re.search(r", commit ([0-9a-f]{7,40}(-dirty)?|unknown), \d+-core ", line), line
