@@ -151,3 +151,6 @@ def plot(runs: dict[str, dict[int, tuple]], path: Path, *, sync: str) -> None:
 
 if __name__ == "__main__":
     main()
+    from _provenance import print_provenance  # benchmarks/ is on sys.path when a script runs
+
+    print_provenance()

@@ -239,3 +239,6 @@ def plot_lr(by_cell: LrCells, path: Path) -> None:
 
 if __name__ == "__main__":
     main()
+    from _provenance import print_provenance  # benchmarks/ is on sys.path when a script runs
+
+    print_provenance()

@@ -236,3 +236,6 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    from _provenance import print_provenance  # benchmarks/ is on sys.path when a script runs
+
+    print_provenance()

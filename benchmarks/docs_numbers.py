@@ -1,6 +1,8 @@
-"""Check the README's results table against a run: every number a row states must match the run's metrics.jsonl.
+"""Check the main job's results tables against a run: every number a row states must match the run's metrics.jsonl.
 
-``scripts/check_docs_numbers.sh`` reruns the main job and calls this; by hand::
+The tables are the README's (a few rows) and docs/results.md's (every command and machine type); each file's first
+table with a ``base → final`` column is read, and a number is checked wherever it is stated. ``--doc`` picks other
+files. ``scripts/check_docs_numbers.sh`` reruns the main job and calls this; by hand::
 
     .venv/bin/python benchmarks/docs_numbers.py --run runs/default             # the row of `steadyrl train`
     .venv/bin/python benchmarks/docs_numbers.py --run runs/grpo method=grpo   # `steadyrl train method=grpo`
@@ -22,7 +24,7 @@ be compared: the measured values are printed as a ``NOT CHECKED`` line to add as
 
 The measured values come from :func:`steadyrl.train.loop.summarize`, the summary ``steadyrl train`` prints at its end.
 Exit status 0: every stated number matches (or no row is for this CPU); 1: some are stale (each named, with the
-measured value); 2: no row of that command, or no run.
+measured value); 2: no file has a row of that command, or no run.
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ def check(readme: str, records: Sequence[Mapping[str, Any]], command: str, *, cp
     command = " ".join(command.split())
     rows = [(line, cells) for line, cells in table_rows(readme) if row_command(cells) == command]
     if not rows:
-        raise LookupError(f"the README's results table has no row for `{command}`")
+        raise LookupError(f"the results table has no row for `{command}`")
     rows = [(line, cells) for line, cells in rows if row_cpu(cells) in (None, cpu)]
     measured = measured_values(records)
     return [Check(s, measured[s.key]) for line, cells in rows for s in stated_numbers(line, cells)]
@@ -186,10 +188,16 @@ def report(checks: Sequence[Check], *, readme: Path, command: str) -> str:
     return "\n".join(lines)
 
 
+#: The files whose main-job tables are checked by default.
+DOCS = ("README.md", "docs/results.md")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--readme", type=Path, default=Path(__file__).resolve().parents[1] / "README.md")
+    root = Path(__file__).resolve().parents[1]
+    parser.add_argument("--doc", "--readme", dest="docs", type=Path, action="append", default=None,
+                        help=f"a markdown file with a main-job table (repeatable; default: {', '.join(DOCS)})")
     parser.add_argument("--run", type=Path, required=True, help="the run's out_dir (it has metrics.jsonl)")
     parser.add_argument("--cpu", default=None, help="check the rows of this CPU capability (default: this machine's)")
     parser.add_argument("overrides", nargs="*", help="the run's `steadyrl train` overrides (they name the row)")
@@ -200,24 +208,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"docs_numbers: no metrics in {args.run / METRICS_FILE}; run the job first", file=sys.stderr)
         return 2
     cpu = args.cpu or cpu_capability()
-    try:
-        checks = check(args.readme.read_text(), records, command, cpu=cpu)
-    except LookupError as err:
-        print(f"docs_numbers: {err} ({args.readme})", file=sys.stderr)
+    docs = args.docs or [root / d for d in DOCS]
+    found = 0
+    status = 0
+    for doc in docs:
+        try:
+            checks = check(doc.read_text(), records, command, cpu=cpu)
+        except LookupError as err:
+            print(f"docs_numbers: {err} ({doc})", file=sys.stderr)
+            continue
+        found += 1
+        if not checks:
+            m = measured_values(records)
+            print(f"NOT CHECKED  {doc}: no row of `{command}` is for this machine's CPU ({cpu}); measured here: "
+                  f"{m['base_acc']:.3f} → {m['final_acc']:.3f}, min ESS ratio {m['min_ess_ratio']:.3g}, "
+                  f"max KL k3 {m['max_kl_k3']:.3g}: add them as a row for {cpu}")
+            continue
+        print(report(checks, readme=doc, command=command))
+        stale = [c for c in checks if not c.ok]
+        if stale:
+            print(f"docs_numbers: {len(stale)} number(s) of {doc} are stale for `{command}`: update the table "
+                  f"(and the prose that repeats them) to the measured values above", file=sys.stderr)
+            status = 1
+    if not found:
+        print(f"docs_numbers: no file has a row for `{command}` ({', '.join(map(str, docs))})", file=sys.stderr)
         return 2
-    if not checks:
-        m = measured_values(records)
-        print(f"NOT CHECKED  {args.readme}: no row of `{command}` is for this machine's CPU ({cpu}); measured here: "
-              f"{m['base_acc']:.3f} → {m['final_acc']:.3f}, min ESS ratio {m['min_ess_ratio']:.3g}, "
-              f"max KL k3 {m['max_kl_k3']:.3g}: add them as a row for {cpu}")
-        return 0
-    print(report(checks, readme=args.readme, command=command))
-    stale = [c for c in checks if not c.ok]
-    if stale:
-        print(f"docs_numbers: {len(stale)} number(s) of {args.readme} are stale for `{command}`: update the table "
-              f"(and the prose that repeats them) to the measured values above", file=sys.stderr)
-        return 1
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 15, docs/scale.md "GPU check"): one command, under 5 minutes on an offline machine with one
+# The GPU check (docs/scale.md "GPU check"): one command, under 5 minutes on an offline machine with one
 # GPU where only PyTorch, transformers, accelerate and numpy are installed. Everything else steadyrl needs comes from
 # wheels in a local folder (requirements/gpu_check.txt); steadyrl itself runs from this source tree (PYTHONPATH).
 #

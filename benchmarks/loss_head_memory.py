@@ -146,4 +146,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if "--case" not in sys.argv:  # a child run prints JSON only
+        from _provenance import print_provenance
+
+        print_provenance()
+    sys.exit(status)

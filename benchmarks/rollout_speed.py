@@ -87,3 +87,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    from _provenance import print_provenance  # benchmarks/ is on sys.path when a script runs
+
+    print_provenance()

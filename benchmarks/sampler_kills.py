@@ -98,3 +98,6 @@ def main() -> None:
 
 if __name__ == "__main__":  # the local runtime spawns processes
     main()
+    from _provenance import print_provenance  # benchmarks/ is on sys.path when a script runs
+
+    print_provenance()

@@ -18,7 +18,7 @@ from jaxtyping import install_import_hook
 
 torch.set_num_threads(1)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# model.name=<hub id> downloads as from_pretrained does; the suite never does (its machines have no internet): an
+# model.name=<hub id> downloads as from_pretrained does; the suite never does (it must pass without a network): an
 # uncached hub id fails at once, naming the variable.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

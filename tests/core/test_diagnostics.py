@@ -1,4 +1,4 @@
-"""Staleness diagnostics against float64 loop references written from ALGORITHMS.md."""
+"""Staleness diagnostics against float64 loop references written from docs/algorithms.md."""
 
 from __future__ import annotations
 

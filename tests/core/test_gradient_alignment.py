@@ -1,4 +1,4 @@
-"""GAC projection rule (arXiv 2603.01501, reconstructed) against a float64 reference written from ALGORITHMS.md."""
+"""GAC projection rule (arXiv 2603.01501, reconstructed) against a float64 reference written from docs/algorithms.md."""
 
 from __future__ import annotations
 

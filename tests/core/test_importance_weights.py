@@ -1,4 +1,4 @@
-"""Importance-weight corrections against float64 references written from ALGORITHMS.md with plain loops."""
+"""Importance-weight corrections against float64 references written from docs/algorithms.md with plain loops."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def test_mismatch_kl_matches_reference(convention: str) -> None:
 
 
 def test_mismatch_conventions_differ_on_outlier() -> None:
-    """ALGORITHMS.md: on an outlier token the verl and AReaL k3 differ by more than 10×."""
+    """docs/algorithms.md: on an outlier token the verl and AReaL k3 differ by more than 10×."""
     ell = torch.tensor([[4.0]], dtype=torch.float64)
     mask = torch.ones(1, 1, dtype=torch.bool)
     verl = mismatch_kl(log_ratio=ell, mask=mask).k3

@@ -1,4 +1,4 @@
-"""Masked reductions and aggregation modes against float64 references written from ALGORITHMS.md."""
+"""Masked reductions and aggregation modes against float64 references written from docs/algorithms.md."""
 
 from __future__ import annotations
 

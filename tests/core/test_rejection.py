@@ -1,4 +1,4 @@
-"""Divergence rejection and OPSM against float64 loop references written from ALGORITHMS.md."""
+"""Divergence rejection and OPSM against float64 loop references written from docs/algorithms.md."""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ def test_each_method_reacts_to_the_behavior_policy_as_it_claims(name: str) -> No
 
 
 def test_tic_grpo_ratio_to_the_proximal_policy_ignores_mu() -> None:
-    """The form before issue 19 (``objective.ratio_to=proximal``): μ does not enter its loss or gradient at all, which
+    """The proximal-ratio form (``objective.ratio_to=proximal``): μ does not enter its loss or gradient at all, which
     is why the preset now takes its ratio against μ (the catalog test above would fail on it)."""
     spec = resolve_method("tic_grpo", {"objective.ratio_to": "proximal"})
     b1, b2 = _mu_shifted(0)
@@ -204,7 +204,7 @@ def test_vaco_realigns_with_prox_and_matches_float64_reference(seed: int) -> Non
 
 
 def _seq_tis_reference(batch: dict[str, torch.Tensor], cap: float = 8.0) -> float:
-    """ALGORITHMS.md by hand: A_i = GRPO (unbiased std + 1e-6); w̄_i = min(exp S_i, C); seq-mean-token-mean of −A w̄."""
+    """By hand: A_i = GRPO (unbiased std + 1e-6); w̄_i = min(exp S_i, C); seq-mean-token-mean of −A w̄."""
     logp, behav, mask = batch["logp"].detach(), batch["behav_logp"], batch["mask"]
     R, gid = batch["rewards"].tolist(), batch["group_ids"].tolist()
     B, T = logp.shape

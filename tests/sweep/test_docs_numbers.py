@@ -83,7 +83,7 @@ def test_precision_is_the_one_written() -> None:
 
 CPU_README = """| command | CPU kernels | base → final eval acc | min ESS ratio | max KL k3 |
 |---|---|---|---|---|
-| `steadyrl train` (the default) | `AVX512` (session 9) | 0.40 → **0.11** | 0.95 | 0.05 |
+| `steadyrl train` (the default) | `AVX512` (2026-11-30) | 0.40 → **0.11** | 0.95 | 0.05 |
 | `steadyrl train` (the default) | `AVX2` | 0.40 → **0.55** | 0.95 | 0.05 |
 | `steadyrl train method=grpo` | `AVX512` | 0.40 → 0.55 | 0.95 | 0.05 |
 """

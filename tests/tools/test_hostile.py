@@ -1,9 +1,9 @@
-"""Hostile code against each isolation level: one test per finding of the sandbox review (issue 17).
+"""Hostile code against each isolation level: one test per finding of a review of the sandbox.
 
 Each test runs what a hostile policy would write, mostly from a child process of the tool (``in_child``: outside the
 interpreter's audit hook, so that only the kernel's mechanisms stand in the way), and asserts on the outcome on the
-host: nothing written, nothing reached, nothing left. Each was checked to fail on the sandbox before issue 17
-(commit ddc9645) at the levels named in its docstring. The stress test at the end runs 64 such calls at once next to a
+host: nothing written, nothing reached, nothing left. Each fails on a sandbox without the defence its docstring names,
+at the levels named there. The stress test at the end runs 64 such calls at once next to a
 learner loop.
 """
 

@@ -400,7 +400,7 @@ def test_both_guards_let_a_fresh_interpreter_run() -> None:
 
 
 def test_guards_text_can_be_prepended_to_the_supervisor() -> None:
-    """Stdlib imports only (those the brief allows), and no top-level name the supervisor defines too."""
+    """Stdlib imports only (the supervisor's contract), and no top-level name the supervisor defines too."""
     tree = ast.parse(GUARDS_TEXT, feature_version=(3, 8))
     imported = {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     assert imported <= {"ctypes", "errno", "os", "platform", "stat", "struct", "sys"}

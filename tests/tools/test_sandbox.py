@@ -401,7 +401,7 @@ def test_auto_fails_closed_without_namespaces(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_namespaces_level_does_not_show_the_repository_source() -> None:
-    """Issue 17, "less to read": an editable checkout's ``src/`` is on the interpreter's path, but the sandbox's
+    """Less to read: an editable checkout's ``src/`` is on the interpreter's path, but the sandbox's
     filesystem holds none of it, even with ``site_packages=True`` (the packages the code may import still load)."""
     try:
         resolve_isolation(level_config("namespaces"))

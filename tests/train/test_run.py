@@ -16,7 +16,7 @@ from steadyrl.train.entry import lag_source, main
 from steadyrl.train.loop import StopFlag, train
 from steadyrl.train.metrics import read_metrics
 
-#: Keys the issue requires on every learner-step line.
+#: Keys every learner-step line carries.
 REQUIRED = {
     "step", "version", "reward/mean", "lr", "loss", "grad/norm", "grad/cos_prev", "is/ess_ratio", "is/weight_max",
     "kl/k3", "lag/mean", "lag/max", "time/step_s",

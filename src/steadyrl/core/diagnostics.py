@@ -1,4 +1,4 @@
-"""Staleness diagnostics every run logs (ALGORITHMS.md, "Diagnostics every run logs"): ESS, weights, mismatch KL, lag.
+"""Staleness diagnostics every run logs (docs/algorithms.md, "Diagnostics"): ESS, weights, mismatch KL, lag.
 
 One call per optimizer minibatch; all values are detached 0-d tensors (no host sync), ready for the metrics sink.
 ESS comes from ``ess.py`` and KL from ``kl.py``: nothing is recomputed differently here.
@@ -85,7 +85,7 @@ def staleness_diagnostics(
     learner_version: int | None = None,
     cap: float = SEQ_TIS_CAP,
 ) -> Metrics:
-    """Mismatch and staleness metrics of a batch [exact formulas from VCPO arXiv 2602.17616 and ALGORITHMS.md].
+    """Mismatch and staleness metrics of a batch [exact formulas from VCPO arXiv 2602.17616 and docs/algorithms.md].
 
     ℓ = logp − behav_logp with ``logp`` the proximal (or, detached, the current) policy; S_i = Σ_t m ℓ.
 

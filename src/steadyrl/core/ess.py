@@ -4,7 +4,7 @@ ESS = (Σ_i w_i)² / Σ_i w_i² is computed in log space, log ESS = 2·logsumexp
 so it neither overflows nor underflows for any finite S (S = ±1000 included). ESS is invariant to a common scale of
 the weights, and 1 ≤ ESS ≤ n for n valid weights.
 
-Framework difference (ALGORITHMS.md): VCPO uses per-trajectory **unclipped** weights w_i = exp(S_i) over the whole
+Framework difference: VCPO uses per-trajectory **unclipped** weights w_i = exp(S_i) over the whole
 optimizer minibatch (that is steadyrl's default, :func:`sequence_ess`); verl logs ``rollout_is_eff_sample_size``, the
 ESS ratio of its applied IS weights clamped to [0, C], every masked token one sample (a sequence weight counts once per
 token): :func:`weights_ess` with ``cap`` (``floor`` = 1/C gives the [1/C, C] clamp of earlier verl versions). ESS is a

@@ -1,6 +1,6 @@
 """Per-trajectory squared gradient norms ‖∇_θ w_i Σ_t m_{i,t} log π_θ(y_{i,t})‖², for OPOB, without micro-batch 1.
 
-VCPO's off-policy optimal baseline (arXiv 2602.17616, OPOB; ALGORITHMS.md) weighs trajectory i by
+VCPO's off-policy optimal baseline (arXiv 2602.17616, OPOB; docs/algorithms.md) weighs trajectory i by
 W_i = w_i² ‖∇_θ log π_θ(y_i)‖², so it needs one squared gradient norm per trajectory: the batch key
 ``grad_sq_norms`` of :func:`steadyrl.compute_loss`. The authors' code runs one backward pass per trajectory at
 micro-batch 1. Here, for any model and any function that computes its log-probs,

@@ -5,7 +5,7 @@ detached here, whatever the caller passes) and the token ``mask``, and returns
 ``types.Corrected(weights, mask, metrics)``: the per-token weight the loss multiplies in, and the mask with rejected
 tokens removed. The loss layer then aggregates over the returned mask (``masking.aggregate``).
 
-Conventions steadyrl picks where frameworks differ (ALGORITHMS.md, "Conventions that differ"):
+Conventions steadyrl picks where frameworks differ (docs/algorithms.md, "Conventions that differ between frameworks"):
 
 * **Padding.** Weights are 0 at every position outside the returned mask (verl and AReaL; TRL leaves padded
   weights at 1 and masks later). Values of ``log_ratio`` outside ``mask`` may be garbage (nan/inf): never read.
@@ -460,7 +460,7 @@ def prefix_ratio(
 ) -> Corrected:
     """Prefix-normalized ratio as a detached weight on the proximal ratio, w_t = exp((1/n_t) Σ_{k≤t, m_k} ℓ_k).
 
-    PNPO's weight (arXiv 2608.01418) on ℓ = log π_prox − log μ, as a correction on top of any objective: our earlier
+    PNPO's weight (arXiv 2608.01418) on ℓ = log π_prox − log μ, as a correction on top of any objective: another
     reading of the paper, kept as the ``prefix_ratio`` correction. The paper's own objective (the weight of π_θ
     against μ, its hard-rejection gate, a REINFORCE-style surrogate) is ``objectives.pnpo``. Optional ``cap`` C:
     w_t = exp(min(mean, log C)). Nothing is masked.

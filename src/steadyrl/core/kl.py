@@ -5,7 +5,7 @@
 2. **Reference penalty** KL(π_θ ‖ π_ref), estimated from samples of the policy with x = log π_ref − log π_θ
    (:func:`reference_kl`, with gradient through ``logp``; :func:`kl_in_reward`, detached, subtracted from the reward).
 
-ALGORITHMS.md "KL estimators" [reference-code: verl ``kl_penalty``, AReaL]. Every ``exp`` is guarded by the ±20
+docs/algorithms.md, section 3.4 [reference-code: verl ``kl_penalty``, AReaL]. Every ``exp`` is guarded by the ±20
 log clamp (``masking.safe_exp``), so ±1000 log-ratios give finite values and gradients. Masked-out positions are
 replaced by x = 0 *before* any arithmetic, so garbage there reaches neither a value nor a gradient; per-token outputs
 are 0 outside the mask.

@@ -75,7 +75,7 @@ def lengths(mask: Bool[Tensor, "B T"]) -> Float[Tensor, " B"]:
 
 
 def clamp_log_ratio(log_ratio: Tensor, bound: float = LOG_RATIO_CLAMP) -> Tensor:
-    """Clamp a log-ratio to ±``bound`` before it is exponentiated (ALGORITHMS.md, log space)."""
+    """Clamp a log-ratio to ±``bound`` before it is exponentiated (docs/algorithms.md, log-space rules)."""
     return log_ratio.clamp(min=-bound, max=bound)
 
 

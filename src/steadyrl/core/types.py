@@ -18,7 +18,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 #: Log-ratios are clamped to ±LOG_RATIO_CLAMP before ``exp`` wherever a weight is materialized
-#: (ALGORITHMS.md, "Always work in log space").
+#: (docs/algorithms.md, "Log-space rules").
 LOG_RATIO_CLAMP: float = 20.0
 
 Scalar = Float[Tensor, ""]

@@ -1,6 +1,6 @@
 """``compute_loss``: run the loss-level part of any method on a batch, calling ``steadyrl.core`` step by step.
 
-The pipeline, in the order it runs (ALGORITHMS.md, "Two policies or three"):
+The pipeline, in the order it runs (docs/algorithms.md, "Two policies or three"):
 
 1. **Policies.** ``behav_logp`` = log μ; ``prox_logp`` = log π_prox, the recomputed proximal policy, or ``logp``
    detached when not given (one update per batch: VCPO's setting); in ``policy="bypass"`` π_prox := μ (verl).

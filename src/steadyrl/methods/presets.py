@@ -1,4 +1,4 @@
-"""The catalog: every named method of ALGORITHMS.md as a preset, and the rule that composes them (``seq_tis+gac``).
+"""The catalog: every named method of docs/algorithms.md as a preset, and the rule that composes them (``seq_tis+gac``).
 
 A preset sets only the components it is about (its ``fields``); everything else keeps the ``MethodSpec`` default
 (GRPO advantages, PPO-clip objective, token-mean, no correction). Composing presets merges their fields:
@@ -270,7 +270,7 @@ PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         "prefix_ratio",
-        "PNPO's prefix-normalized ratio of π_prox/μ as a detached weight on PPO-clip (our earlier reading of the "
+        "PNPO's prefix-normalized ratio of π_prox/μ as a detached weight on PPO-clip (an alternative reading of the "
         "paper, kept as a correction to compose; the paper's method is pnpo)",
         "2608.01418",
         "reconstructed",

@@ -251,7 +251,7 @@ class OPSM(_Strict):
 
 
 class PrefixRatio(_Strict):
-    """PNPO's prefix ratio w_t = exp((1/t) Σ_{k≤t} ℓ_k) of π_prox/μ as a weight (our earlier reading; the paper's
+    """PNPO's prefix ratio w_t = exp((1/t) Σ_{k≤t} ℓ_k) of π_prox/μ as a weight (an alternative reading; the paper's
     objective is ``objective.type=pnpo``)."""
 
     type: Literal["prefix_ratio"] = "prefix_ratio"
@@ -278,7 +278,7 @@ class VacoFilter(_Strict):
     rule: Literal["tvpo", "sequence", "token"] = Field(
         "tvpo", description="tvpo: TV = ½ mean_t|ρ_t − 1| per sequence, averaged per group and batch; past δ, drop "
         "tokens with A·sign(log ρ) > 0 in groups past δ (released code). sequence: ½|exp(mean_t log ρ) − 1| per "
-        "sequence with the sign of r − 1 (our earlier reading); token: the same per token"
+        "sequence with the sign of r − 1 (a reading of the abstract); token: the same per token"
     )
 
     def needs(self) -> tuple[str, ...]:
@@ -404,10 +404,10 @@ class TICGRPO(_Strict):
     reads_behavior: ClassVar[bool] = True
     eps: float = Field(0.2, gt=0, description="clip ε (the paper's value is not known here; 0.2 is ours)")
     upper_only: bool = Field(True, description="clip only above 1+ε (the paper's upper-only clipping); "
-                             "false: two-sided [1−ε, 1+ε] (our earlier reading)")
+                             "false: two-sided [1−ε, 1+ε] (a symmetric clip)")
     ratio_to: Literal["behavior", "proximal"] = Field(
         "behavior", description="denominator of the trajectory ratio: μ, the policy that sampled (the paper), or "
-        "π_prox (our earlier reading: no behavior correction when π_prox is not recomputed)"
+        "π_prox (no behavior correction when π_prox is not recomputed)"
     )
 
 

@@ -63,7 +63,7 @@ class ModelConfig(BaseModel):
     download: bool | None = None
     """Whether ``from_pretrained`` may download a hub id missing from the local hub cache. None: as
     ``from_pretrained`` does, unless ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set; false: the cache only
-    (a machine without internet then fails at once instead of retrying the network); true: download."""
+    (an id missing from the cache then fails at once instead of retrying the network); true: download."""
 
     @model_validator(mode="after")
     def _fields_fit_the_model(self) -> ModelConfig:
@@ -122,8 +122,8 @@ def load_policy(model_cfg: ModelConfig, task: Task | None, *, seed: int, progres
         if model_cfg.download is False:
             hint = "Downloads are off (model.download=false): set model.download=true (or leave it unset) to download."
         elif offline:
-            hint = (f"{offline_env}={os.environ[offline_env]} is set, so only the local hub cache is read: unset it "
-                    "where there is internet (or set model.download=true).")  # fmt: skip
+            hint = (f"{offline_env}={os.environ[offline_env]} is set, so only the local hub cache is read: unset it, "
+                    "or set model.download=true, to let from_pretrained download.")  # fmt: skip
         else:
             hint = "The download failed: check the hub id and the network (or set HF_HUB_OFFLINE=1 to fail at once)."
         raise OSError(

@@ -59,7 +59,7 @@ class GroupRecord:
         return int(v.max()) if v.numel() else 0
 
     def generation_staleness(self) -> Tensor:
-        """[G] PACE's prefix-aware generation staleness GS_i = (1/L_i) Σ_t (v_complete − v_{i,t}) (ALGORITHMS.md).
+        """[G] PACE's prefix-aware generation staleness GS_i = (1/L_i) Σ_t (v_complete − v_{i,t}) (docs/algorithms.md).
 
         v_complete is the group's completion version (all its rows complete together); rows with no token get 0.
         """

@@ -1,7 +1,7 @@
 """The sampling distribution: temperature, top-k and top-p truncation, renormalized, in log space.
 
 This is the one definition of "the distribution the sampler actually sampled from". The sampler draws from it and
-records the drawn token's log-prob as the behavior log-prob μ (ALGORITHMS.md, notation: μ is the log-prob *of the
+records the drawn token's log-prob as the behavior log-prob μ (docs/algorithms.md, notation: μ is the log-prob *of the
 distribution actually sampled from*, truncation included); the learner's recompute
 (:func:`steadyrl.rollout.logprobs.sequence_logprobs`) applies the same function when asked to score a token under
 the sampling distribution (e.g. decoupled cooling, arXiv 2609.36953, records μ at the sampling temperature).

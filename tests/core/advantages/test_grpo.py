@@ -1,4 +1,4 @@
-"""GRPO / Dr.GRPO / batch-scaled advantages against float64 loops written from ALGORITHMS.md."""
+"""GRPO / Dr.GRPO / batch-scaled advantages against float64 loops written from docs/algorithms.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OPOB (VCPO's off-policy optimal baseline) against a float64 loop written from ALGORITHMS.md."""
+"""OPOB (VCPO's off-policy optimal baseline) against a float64 loop written from docs/algorithms.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Optimal token baseline against a float64 loop written from ALGORITHMS.md (and verl's reference semantics)."""
+"""Optimal token baseline against a float64 loop written from docs/algorithms.md (and verl's reference semantics)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""V-trace and COPC advantages against float64 loops written from ALGORITHMS.md / IMPALA Eq. (1)."""
+"""V-trace and COPC advantages against float64 loops written from docs/algorithms.md / IMPALA Eq. (1)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Random float64 batches and loop-based reference helpers shared by the objective tests.
 
-References here are written from ALGORITHMS.md with Python loops over (i, t) on 0-d tensors (so autograd gives the
+References here are written from docs/algorithms.md with Python loops over (i, t) on 0-d tensors (so autograd gives the
 reference gradient too); they never call the code under test or ``masking.aggregate``. The last four ``assert_*``
 helpers are the hostile-input checks the objectives' tests share (fully masked batch, ±1000 log-ratios, gradient flow).
 """

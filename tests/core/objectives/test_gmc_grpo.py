@@ -1,4 +1,4 @@
-"""GMC-GRPO's group-mass-capped weights and loss against float64 loop references from ALGORITHMS.md."""
+"""GMC-GRPO's group-mass-capped weights and loss against float64 loop references from docs/algorithms.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""M2PO's token mask and clip-narrowing rule against loop references written from ALGORITHMS.md."""
+"""M2PO's token mask and clip-narrowing rule against loop references written from docs/algorithms.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OAPL's soft-max value and squared-error loss against float64 loop references from ALGORITHMS.md."""
+"""OAPL's soft-max value and squared-error loss against float64 loop references from docs/algorithms.md."""
 
 from __future__ import annotations
 

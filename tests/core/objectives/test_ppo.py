@@ -1,4 +1,4 @@
-"""PPO-clip, REINFORCE and GSPO against float64 loop references written from ALGORITHMS.md."""
+"""PPO-clip, REINFORCE and GSPO against float64 loop references written from docs/algorithms.md."""
 
 from __future__ import annotations
 

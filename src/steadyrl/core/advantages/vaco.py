@@ -44,7 +44,7 @@ from steadyrl.core.masking import (
 )
 from steadyrl.core.types import Metrics
 
-#: V-trace truncation ρ̄ of the re-alignment (IMPALA's default; ALGORITHMS.md gives no value for VACO).
+#: V-trace truncation ρ̄ of the re-alignment (IMPALA's default; the VACO abstract gives no value).
 VACO_RHO_BAR: float = 1.0
 
 VacoRatio = Literal["geometric", "product"]

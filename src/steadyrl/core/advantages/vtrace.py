@@ -36,7 +36,7 @@ from steadyrl.core.advantages.grpo import token_advantage_metrics
 from steadyrl.core.masking import as_bool_mask, masked_mean, safe_exp, where_masked
 from steadyrl.core.types import Metrics
 
-#: COPC's ratio clip [ρ_min, ρ_max] (ALGORITHMS.md starting point; the paper's values are unknown).
+#: COPC's ratio clip [ρ_min, ρ_max] (our starting point; the paper's values are not known).
 COPC_RHO_MIN: float = 0.5
 COPC_RHO_MAX: float = 1.0
 

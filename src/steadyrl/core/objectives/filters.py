@@ -38,7 +38,7 @@ from steadyrl.core.masking import (
 from steadyrl.core.objectives.ppo import mask_frac
 from steadyrl.core.types import Corrected, Metrics
 
-#: VACO's total-variation threshold δ, 0.2 (the value the issue's review of the paper reports). The first author's
+#: VACO's total-variation threshold δ, 0.2 (the value a review of the paper reports). The first author's
 #: released LLM scripts use ``clip_ratio`` 0.015, i.e. δ = 0.0075 on the same ½-scaled TV.
 VACO_DELTA: float = 0.2
 #: COPC's actor keep interval [c_low, c_high] on ρ = π_θ/μ. Our starting point: the paper's values are unknown and
@@ -100,7 +100,7 @@ def vaco_filter(
                  (drop a token that has already moved in the direction its advantage pushes, in a group outside δ)
 
     The code's threshold is ``clip_ratio / 2`` on the same ½-scaled TV, so δ here = ``clip_ratio / 2`` there.
-    Needs ``group_ids``. Our earlier readings, kept as named rules: ``"sequence"`` — r_i = exp(mean_t log ρ) per
+    Needs ``group_ids``. Other readings, kept as named rules: ``"sequence"`` — r_i = exp(mean_t log ρ) per
     sequence, drop iff ½|r_i − 1| > δ and sign(A)(r_i − 1) > 0 (positive and negative drift cancel in r_i, so it
     fires less); ``"token"`` — the same test with ρ_t per token. TV metric: ``rule`` tvpo the batch TV above,
     sequence ½ mean_i |r_i − 1|, token ½ mean_t |ρ_t − 1|. A = 0 never drops.

@@ -1,6 +1,6 @@
 """GMC-GRPO, group-mass capping (arXiv 2610.01896) [reconstructed].
 
-How it differs from trajectory clipping (TIC-GRPO, ``tic_grpo``) (ALGORITHMS.md, "GMC-GRPO"):
+How it differs from trajectory clipping (TIC-GRPO, ``tic_grpo``) (docs/algorithms.md, ``gmc_grpo``):
 
 1. The trajectory weight corrects behavior → proximal, ρ_i = π_prox(y_i)/μ(y_i) = exp(S_i), and is detached.
 2. Instead of clipping each ρ_i, the whole group is rescaled when its mean ratio exceeds 1 + ε: relative weights

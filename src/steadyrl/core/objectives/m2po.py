@@ -1,7 +1,7 @@
 """M2PO, second-moment trust region (Zheng et al., "Prosperity before Collapse", arXiv 2510.01161).
 
 M2PO bounds the second moment M2 = mean_t δ_t² of the behavior → learner log-ratio δ_t = log μ − log π_prox by
-τ = 0.04, so only extreme outliers lose their update. Two implementations, both here (ALGORITHMS.md, "M2PO"):
+τ = 0.04, so only extreme outliers lose their update. Two implementations, both here (docs/algorithms.md, ``m2po``):
 
 1. ``m2po_mask`` [reference-code, AReaL ``m2_threshold``]: drop the tokens with the largest δ² until the mean of
    the rest is below τ; returns ``Corrected``. The objective is then ``ppo.ppo_clip_loss`` (or
@@ -141,7 +141,7 @@ def m2po_mask(
         M2(k) = (Σ_{budget set} δ² − Σ_{j≤k} v_j) / (|budget set| − k)        (mean of the rest after dropping k)
         k*    = min{k ∈ [0, n] : M2(k) < τ}      drop the k* largest; keep every other masked-in token
 
-    Options (ALGORITHMS.md marks the restriction ambiguous):
+    Options (the paper leaves the restriction ambiguous):
 
     - ``harmful_only=False`` (default, AReaL): every masked-in token is a candidate.
     - ``harmful_only=True`` [reconstructed]: only harmful tokens (``harmful_tokens``; needs ``advantages``) can be

@@ -1,6 +1,6 @@
 """OAPL: a squared-error policy objective with no importance ratio (arXiv 2602.19362) [reference-code].
 
-How it differs from GRPO (ALGORITHMS.md, "OAPL"):
+How it differs from GRPO (docs/algorithms.md, ``oapl``):
 
 1. The baseline is a soft maximum of the group's rewards, V̂*(x) = β1 · log((1/G) Σ_i exp(R_i/β1)), not their mean.
 2. The policy is regressed, not ratio-weighted: β2 · log(π_θ(y)/μ(y)) is fitted to the advantage R − V̂*(x) by

@@ -1,6 +1,6 @@
 """Ratio-based policy surrogates on the PPO ratio r = π_θ / π_prox: PPO-clip, REINFORCE and GSPO.
 
-How these objectives differ from one another (ALGORITHMS.md, "Policy objectives and corrections"):
+How these objectives differ from one another (docs/algorithms.md, "Policy objectives"):
 
 1. ``ppo_clip_loss``: per-token ratio r_t, two-sided clip, optional dual clip for A < 0 [exact].
 2. ``reinforce_loss``: no clip; −A·w·r has the value −A·w at the first update and the gradient −A·w·∇log π_θ.
