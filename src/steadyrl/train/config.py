@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from steadyrl.base.device import DEVICE_PATTERN, Precision
-from steadyrl.methods.resolve import required_inputs, resolve_method
+from steadyrl.methods.resolve import behavior_record, required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
 from steadyrl.models import DEFAULT_MODEL_NAME, ModelConfig
 from steadyrl.pool.config import PoolConfig
@@ -38,7 +38,7 @@ from steadyrl.train.guard import GuardConfig
 PROVIDED_INPUTS: frozenset[str] = frozenset(
     {
         "rewards", "group_ids", "versions", "learner_version", "prox_logp", "behav_entropy", "grad_sq_norms",
-        "ref_logp", "values", "sum_p2",
+        "ref_logp", "values", "sum_p2", "centering",
     }
 )  # fmt: skip
 
@@ -435,6 +435,24 @@ class TrainConfig(_Section):
                 f"pool.target_occupancy ({self.pool.target_occupancy}) must be >= prompts_per_step ({P}) or 0 "
                 "(default: 2 × prompts_per_step)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _behavior_distribution_is_recorded(self) -> TrainConfig:
+        """Score centering needs the behavior distribution per token: only the transformers sampler of single-turn
+        runs records it, and the learner computes its term in one forward (no micro-batches)."""
+        if behavior_record(self.method.resolve()) is None:
+            return self
+        name = self.method.name
+        if self.rollout.engine == "vllm":
+            raise ValueError(f"method {name!r} needs the behavior distribution at each token, which the vLLM engine "
+                             "does not record yet: use rollout.engine=transformers")  # fmt: skip
+        if self.tools.enabled:
+            raise ValueError(f"method {name!r} needs the behavior distribution at each token, which multi-turn tool "
+                             "runs do not record yet: set tools.enabled=false")  # fmt: skip
+        if self.optim.microbatch_tokens is not None:
+            raise ValueError(f"method {name!r} computes its vocabulary term in the learner's one forward, which "
+                             "optim.microbatch_tokens does not split yet: set optim.microbatch_tokens=null")  # fmt: skip
         return self
 
     @model_validator(mode="after")

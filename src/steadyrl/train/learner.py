@@ -53,12 +53,13 @@ from steadyrl.core.gac import grad_cosine
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec
-from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprobs
+from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprob_terms, sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.train.config import OptimConfig
 from steadyrl.train.critic import Critic, CriticConfig
 from steadyrl.train.grad_norms import GhostPass, GradNormMethod, per_trajectory_grad_sq_norms
 from steadyrl.train.microbatch import plan_microbatches, scatter_rows, take_rows
+from steadyrl.train.vocab_terms import VOCAB_TERMS, vocab_terms
 
 #: How the learner gets OPOB's per-trajectory squared gradient norms: ``fused`` (default) from the step's own forward
 #: and one backward (:class:`~steadyrl.train.grad_norms.GhostPass`), or a separate pass of
@@ -161,6 +162,18 @@ class Learner:
         # a controller that keeps the previous raw gradient anyway (GAC with prev="raw"): no second copy
         self._prev_keeper = next((c for c in self.controllers if getattr(c, "keeps_raw_prev", False)), None)
         # COPC's value head and its AdamW: only when the method's advantage needs critic values
+        self.term_keys = tuple(k for k in self.needs if k in VOCAB_TERMS)
+        """Batch keys computed as vocabulary terms in the forward of ``logp`` (:mod:`steadyrl.train.vocab_terms`)."""
+        if self.term_keys and ("grad_sq_norms" in self.needs or "values" in self.needs):
+            raise ValueError(
+                f"method {method.name!r} needs vocabulary terms ({', '.join(self.term_keys)}) and per-trajectory "
+                "gradient norms or critic values from the same forward; combine it with neither"
+            )
+        if self.term_keys and optim.microbatch_tokens is not None:
+            raise ValueError(
+                f"method {method.name!r} computes vocabulary terms ({', '.join(self.term_keys)}) in the learner's "
+                "forward, which optim.microbatch_tokens does not split yet: set optim.microbatch_tokens=null"
+            )
         self.critic: Critic | None = None
         if "values" in self.needs:
             size = int(model.config.hidden_size)
@@ -301,8 +314,17 @@ class Learner:
             batch["grad_sq_norms"] = grad_sq_norms
         return batch
 
-    def _forward(self, sub: Rollouts) -> tuple[Tensor, Tensor | None, GhostPass | None]:
-        """(logp for the loss, per-trajectory squared gradient norms if the method needs them, the fused pass)."""
+    def _forward(self, sub: Rollouts) -> tuple[Tensor, Tensor | None, GhostPass | None, dict[str, Tensor]]:
+        """(logp for the loss, per-trajectory squared gradient norms if the method needs them, the fused pass, the
+        method's vocabulary terms from the same forward)."""
+        if self.term_keys:
+            out = sequence_logprob_terms(self.model, sub, terms=vocab_terms(self.method, self.term_keys, sub),
+                                         temperature=self.temperature, share_prompts=self.optim_cfg.share_prompts)  # fmt: skip
+            return out.logp, None, None, out.terms
+        logp, norms, ghost = self._plain_forward(sub)
+        return logp, norms, ghost, {}
+
+    def _plain_forward(self, sub: Rollouts) -> tuple[Tensor, Tensor | None, GhostPass | None]:
         if "grad_sq_norms" not in self.needs:
             return self._logp(self.model, sub), None, None
         if self.grad_norms != "fused":  # a separate pass first (the benchmark's reference points)
@@ -370,7 +392,8 @@ class Learner:
         hidden = None
         with self._forward_context(grad=True):
             if self.critic is None:
-                logp, norms, ghost = self._forward(sub)
+                logp, norms, ghost, terms = self._forward(sub)
+                extras = {**extras, **terms}
             else:  # COPC: logp and the final hidden states from one forward (no OPOB norms: one advantage)
                 logp, _, hidden = sequence_logprobs(self.model, sub, temperature=self.temperature, return_hidden=True)
                 norms, ghost = None, None
