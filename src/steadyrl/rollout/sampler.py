@@ -352,7 +352,7 @@ def check_record_dist(record_dist: int | None, *, vocab_size: int | None) -> Non
     if record_dist is None:
         return
     if record_dist < 0:
-        raise ValueError(f"record_dist must be None, 0 (the full distribution) or k >= 1 (its top-k); got {record_dist}")
+        raise ValueError(f"record_dist must be None, 0 (the full distribution) or k >= 1 (its top-k): {record_dist}")
     if record_dist == 0 and vocab_size is not None and vocab_size > EXACT_VOCAB_LIMIT:
         raise ValueError(
             f"recording the full behavior distribution is allowed up to {EXACT_VOCAB_LIMIT} tokens; this model's "

@@ -452,7 +452,7 @@ class TrainConfig(_Section):
                              "runs do not record yet: set tools.enabled=false")  # fmt: skip
         if self.optim.microbatch_tokens is not None:
             raise ValueError(f"method {name!r} computes its vocabulary term in the learner's one forward, which "
-                             "optim.microbatch_tokens does not split yet: set optim.microbatch_tokens=null")  # fmt: skip
+                             "optim.microbatch_tokens does not split yet: unset optim.microbatch_tokens")  # fmt: skip
         return self
 
     @model_validator(mode="after")

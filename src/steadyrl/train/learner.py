@@ -318,8 +318,10 @@ class Learner:
         """(logp for the loss, per-trajectory squared gradient norms if the method needs them, the fused pass, the
         method's vocabulary terms from the same forward)."""
         if self.term_keys:
-            out = sequence_logprob_terms(self.model, sub, terms=vocab_terms(self.method, self.term_keys, sub),
-                                         temperature=self.temperature, share_prompts=self.optim_cfg.share_prompts)  # fmt: skip
+            terms = vocab_terms(self.method, self.term_keys, sub)
+            out = sequence_logprob_terms(
+                self.model, sub, terms=terms, temperature=self.temperature, share_prompts=self.optim_cfg.share_prompts
+            )
             return out.logp, None, None, out.terms
         logp, norms, ghost = self._plain_forward(sub)
         return logp, norms, ghost, {}
