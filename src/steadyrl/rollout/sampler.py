@@ -538,7 +538,8 @@ def _assemble(
     dist = ids = None
     if steps.dists:
         alive = response_mask.unsqueeze(-1)
-        dist = torch.where(alive, torch.stack(steps.dists, dim=1).float(), -torch.inf)  # [N, T, K]
+        stacked = torch.stack(steps.dists, dim=1)  # [N, T, K]
+        dist = torch.where(alive, stacked.to(torch.promote_types(stacked.dtype, torch.float32)), -torch.inf)
         if steps.dist_ids:
             ids = torch.where(alive, torch.stack(steps.dist_ids, dim=1), 0)
     keep = response_mask & ~torch.isin(response_ids, stop_ids)  # decoded text: no EOS, no padding
