@@ -137,8 +137,9 @@ def test_topk_equals_exact_when_the_head_covers_the_support(f: str) -> None:
 
 
 def test_topk_is_exact_on_policy_and_close_near_it() -> None:
-    """The tail rule q_v = ρ p_v holds exactly when q = p (ρ = 1); near it the top-k gradient stays close."""
-    for near, tol in ((0.0, 1e-10), (0.15, 0.1)):
+    """The tail rule q_v = ρ p_v holds exactly when q = p (ρ = 1); near it the top-k gradient stays close (measured:
+    4e-3 relative at near=0.5, 0.12 for an unrelated q)."""
+    for near, tol in ((0.0, 1e-10), (0.5, 0.02)):
         hidden, weight, tokens, log_q, adv = setup(4, near=near)
         w1, w2 = weight.clone().requires_grad_(), weight.clone().requires_grad_()
         loss_via_chunks(hidden, w1, tokens, log_q, adv, "tis").backward()
