@@ -49,7 +49,7 @@ def setup(seed: int = 0, *, q_support: int | None = None, near: float | None = N
 
 
 def reference_loss(logits: Tensor, tokens: Tensor, log_q: Tensor, adv: Tensor, weight: str) -> Tensor:
-    """Eq. 14 token by token, with Python floats for the detached pieces: mean_t −A_t [w_a log p_a − Σ_v c_v log p_v]."""
+    """Eq. 14 token by token, Python floats for the detached pieces: mean_t −A_t [w_a log p_a − Σ_v c_v log p_v]."""
     logp = torch.log_softmax(logits, dim=-1)
     p, q = logp.detach().exp(), log_q.exp()
     total = logits.new_zeros(())
