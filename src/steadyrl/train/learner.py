@@ -59,6 +59,7 @@ from steadyrl.train.config import OptimConfig
 from steadyrl.train.critic import Critic, CriticConfig
 from steadyrl.train.grad_norms import GhostPass, GradNormMethod, per_trajectory_grad_sq_norms
 from steadyrl.train.microbatch import plan_microbatches, scatter_rows, take_rows
+from steadyrl.train.optim import build_optimizer
 from steadyrl.train.vocab_terms import VOCAB_TERMS, vocab_terms
 
 #: How the learner gets OPOB's per-trajectory squared gradient norms: ``fused`` (default) from the step's own forward
@@ -152,10 +153,7 @@ class Learner:
         """Device of every batch tensor and the autocast of every forward (steadyrl.base.device)."""
         if optim.activation_checkpointing:
             enable_activation_checkpointing(model)
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
-            **({"fused": True} if optim.fused else {}),
-        )  # fmt: skip
+        self.optimizer = build_optimizer(model, self.params, lr=lr, cfg=optim)  # AdamW, or Muon + AdamW
         self.version = 0
         self._prox_version: int | None = None  # version at which this step's π_prox was recomputed (None: not)
         self._prev_grad: list[Tensor] | None = None
@@ -489,7 +487,7 @@ class Learner:
         controllers' decision (whether to step)."""
         lr = self.scheduled_lr()
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's groups: their own lr (steadyrl.train.optim)
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic.zero_grad()
