@@ -457,7 +457,7 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _behavior_distribution_is_recorded(self) -> TrainConfig:
         """Score centering needs the behavior distribution per token: only the transformers sampler of single-turn
-        runs records it, and the learner computes its term in one forward (no micro-batches)."""
+        runs records it."""
         if behavior_record(self.method.resolve()) is None:
             return self
         name = self.method.name
@@ -467,9 +467,6 @@ class TrainConfig(_Section):
         if self.tools.enabled:
             raise ValueError(f"method {name!r} needs the behavior distribution at each token, which multi-turn tool "
                              "runs do not record yet: set tools.enabled=false")  # fmt: skip
-        if self.optim.microbatch_tokens is not None:
-            raise ValueError(f"method {name!r} computes its vocabulary term in the learner's one forward, which "
-                             "optim.microbatch_tokens does not split yet: unset optim.microbatch_tokens")  # fmt: skip
         return self
 
     @model_validator(mode="after")

@@ -167,11 +167,6 @@ class Learner:
                 f"method {method.name!r} needs vocabulary terms ({', '.join(self.term_keys)}) and per-trajectory "
                 "gradient norms or critic values from the same forward; combine it with neither"
             )
-        if self.term_keys and optim.microbatch_tokens is not None:
-            raise ValueError(
-                f"method {method.name!r} computes vocabulary terms ({', '.join(self.term_keys)}) in the learner's "
-                "forward, which optim.microbatch_tokens does not split yet: set optim.microbatch_tokens=null"
-            )
         self.critic: Critic | None = None
         if "values" in self.needs:
             size = int(model.config.hidden_size)
@@ -409,15 +404,29 @@ class Learner:
                 ghost.close()
         return loss_metrics, metrics, host, loss.detach()
 
+    def _micro_forward(self, mb: Rollouts, *, return_hidden: bool = False) -> tuple[Tensor, Tensor | None, dict]:
+        """(logp, hidden states or None, vocabulary terms) of one micro-batch, with the step's forward options."""
+        share = self.optim_cfg.share_prompts
+        if self.term_keys:
+            terms = vocab_terms(self.method, self.term_keys, mb)
+            out = sequence_logprob_terms(self.model, mb, terms=terms, temperature=self.temperature, share_prompts=share)
+            return out.logp, None, out.terms
+        scored = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=return_hidden,
+                                   share_prompts=share)  # fmt: skip
+        return scored.logp, scored.hidden if return_hidden else None, {}
+
     def _micro_values(
         self, sub: Rollouts, plan: Sequence[Tensor], extras: Mapping[str, Tensor | None]
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Step 1 of :mod:`steadyrl.train.microbatch`: logp (and OPOB norms, COPC hidden states), no graph kept."""
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor]]:
+        """Step 1 of :mod:`steadyrl.train.microbatch`: logp (and OPOB norms, COPC hidden states, the method's
+        vocabulary terms), no graph kept."""
         wants_norms, wants_hidden = "grad_sq_norms" in self.needs, self.critic is not None
         prox = extras.get("prox_logp")
-        if prox is not None and self._prox_version == self.version and not (wants_norms or wants_hidden):
-            return prox.clone(), None, None  # π_prox was just recomputed with these weights: the same values
+        if prox is not None and self._prox_version == self.version and not (wants_norms or wants_hidden or
+                                                                             self.term_keys):  # fmt: skip
+            return prox.clone(), None, None, {}  # π_prox was just recomputed with these weights: the same values
         logps, norms, hiddens = [], [], []
+        term_parts: dict[str, list[tuple[Tensor, Tensor]]] = {k: [] for k in self.term_keys}
         for rows in plan:
             mb = sub.select(rows)
             if wants_norms:
@@ -432,13 +441,15 @@ class Learner:
                     )
                 norms.append((rows, n.detach()))
             with self._forward_context(grad=False):
-                out = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=wants_hidden,
-                                        share_prompts=self.optim_cfg.share_prompts)  # fmt: skip
-            logps.append((rows, out.logp))
+                mb_logp, mb_hidden, mb_terms = self._micro_forward(mb, return_hidden=wants_hidden)
+            logps.append((rows, mb_logp))
             if wants_hidden:
-                hiddens.append((rows, out.hidden))  # type: ignore[union-attr]
+                hiddens.append((rows, mb_hidden))
+            for key, value in mb_terms.items():
+                term_parts[key].append((rows, value))
         N, T = sub.response_ids.shape
         logp = scatter_rows(logps, like=torch.zeros(N, T, dtype=logps[0][1].dtype, device=sub.response_ids.device))
+        terms = {k: scatter_rows(parts, like=torch.zeros_like(logp)) for k, parts in term_parts.items()}
         norm = None
         if norms:
             norm = scatter_rows(norms, like=torch.zeros(N, dtype=norms[0][1].dtype, device=logp.device))
@@ -446,7 +457,7 @@ class Learner:
         if hiddens:
             H = hiddens[0][1].shape[-1]
             hidden = scatter_rows(hiddens, like=torch.zeros(N, T, H, dtype=hiddens[0][1].dtype, device=logp.device))
-        return logp, norm, hidden
+        return logp, norm, hidden, terms
 
     def _micro_backward(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], plan: Sequence[Tensor]
@@ -454,28 +465,32 @@ class Learner:
         """Steps 2–3 of :mod:`steadyrl.train.microbatch`: the full-batch loss on leaf log-probs, then per
         micro-batch ``backward(∂L/∂logp)`` (and ∂L/∂hidden for a critic that trains the trunk); returns as
         :meth:`_full_backward`."""
-        logp_values, norms, hidden_values = self._micro_values(sub, plan, extras)
+        logp_values, norms, hidden_values, term_values = self._micro_values(sub, plan, extras)
         logp = logp_values.requires_grad_()
         hidden = None if hidden_values is None else hidden_values.requires_grad_()
-        loss, loss_metrics, metrics = self._loss(sub, rewards, extras, logp, norms, hidden)
+        terms = {k: v.requires_grad_() for k, v in term_values.items()}
+        loss, loss_metrics, metrics = self._loss(sub, rewards, {**extras, **terms}, logp, norms, hidden)
         host = {"train/microbatches": float(len(plan))}
-        loss.backward()  # ∂L/∂logp, ∂L/∂hidden into the leaves; the critic head's own gradient into .grad
+        loss.backward()  # ∂L/∂logp, ∂L/∂hidden, ∂L/∂term into the leaves; the critic head's own gradient into .grad
         a, gh = logp.grad, None if hidden is None else hidden.grad
-        if a is None and gh is None:
+        g_terms = {k: v.grad for k, v in terms.items() if v.grad is not None}
+        if a is None and gh is None and not g_terms:
             return loss_metrics, metrics, host, loss.detach()
         for rows in plan:
             mb = sub.select(rows)
             width = mb.response_ids.shape[1]
             with self._forward_context(grad=True):
-                out = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=gh is not None,
-                                        share_prompts=self.optim_cfg.share_prompts)  # fmt: skip
+                mb_logp, mb_hidden, mb_terms = self._micro_forward(mb, return_hidden=gh is not None)
             tensors, grads = [], []
             if a is not None:
-                tensors.append(out.logp)
+                tensors.append(mb_logp)
                 grads.append(take_rows(a, rows, width))
-            if gh is not None:
-                tensors.append(out.hidden)  # type: ignore[union-attr]
-                grads.append(take_rows(gh, rows, width).to(out.hidden.dtype))  # type: ignore[union-attr]
+            if gh is not None and mb_hidden is not None:
+                tensors.append(mb_hidden)
+                grads.append(take_rows(gh, rows, width).to(mb_hidden.dtype))
+            for key, g in g_terms.items():
+                tensors.append(mb_terms[key])
+                grads.append(take_rows(g, rows, width).to(mb_terms[key].dtype))
             torch.autograd.backward(tensors, grads)
         return loss_metrics, metrics, host, loss.detach()
 
