@@ -31,6 +31,14 @@ forward runs under its autocast). With ``optim.microbatch_tokens`` an optimizer 
 runs :mod:`steadyrl.train.microbatch`'s three passes instead of step 1's one forward: the loss still sees the whole
 batch, and the accumulated gradient is the one-pass gradient (metric ``train/microbatches``).
 
+Vocabulary terms (:mod:`steadyrl.train.vocab_terms`): a method that needs a full-vocabulary term of π_θ with gradient
+(score centering's Σ_v sg(μ_v w_v) log π_θ(v), batch key ``centering``) gets it from step 1's forward
+(:func:`~steadyrl.rollout.logprobs.sequence_logprob_terms`, chunk by chunk in the chunked head), built from the
+behavior distribution the rollouts carry; with micro-batches it is micro-batched like ``logp``.
+
+The optimizer is AdamW, or Muon on the hidden weight matrices and AdamW on the rest (``optim.name=muon``,
+:mod:`steadyrl.train.optim`).
+
 COPC critic (:mod:`steadyrl.train.critic`): when the method needs ``values``, step 1's forward also returns the final
 hidden states, the value head turns them into V(s_t) (the batch's ``values``, detached), and the value loss
 value_coef · ½ · masked mean (V − target)² (targets: COPC's V + Â of the same values) is added to the loss of step 3;
