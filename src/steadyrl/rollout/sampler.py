@@ -261,7 +261,8 @@ def generate(
     stop_ids = stop_token_ids(model, tokenizer) if eos_token_ids is None else list(eos_token_ids)
     if not stop_ids or any(i is None for i in stop_ids):
         raise ValueError("no EOS token id: pass eos_token_ids or use a tokenizer with an eos_token")
-    check_record_dist(record_dist, vocab_size=_vocab_size(model))
+    if record_dist is not None:
+        check_record_dist(record_dist, vocab_size=_vocab_size(model))
     device = next(model.parameters()).device
     pad_id = int(tokenizer.pad_token_id)
     stop = torch.tensor(stop_ids, device=device)
