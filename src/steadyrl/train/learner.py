@@ -167,7 +167,6 @@ class Learner:
         self._prev_grad: list[Tensor] | None = None
         # a controller that keeps the previous raw gradient anyway (GAC with prev="raw"): no second copy
         self._prev_keeper = next((c for c in self.controllers if getattr(c, "keeps_raw_prev", False)), None)
-        # COPC's value head and its AdamW: only when the method's advantage needs critic values
         self.term_keys = tuple(k for k in self.needs if k in VOCAB_TERMS)
         """Batch keys computed as vocabulary terms in the forward of ``logp`` (:mod:`steadyrl.train.vocab_terms`)."""
         if self.term_keys and ("grad_sq_norms" in self.needs or "values" in self.needs):
@@ -175,6 +174,7 @@ class Learner:
                 f"method {method.name!r} needs vocabulary terms ({', '.join(self.term_keys)}) and per-trajectory "
                 "gradient norms or critic values from the same forward; combine it with neither"
             )
+        # COPC's value head and its AdamW: only when the method's advantage needs critic values
         self.critic: Critic | None = None
         if "values" in self.needs:
             size = int(model.config.hidden_size)
