@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import steadyrl
+from steadyrl.core.objectives.score_centering import centering_term
 from steadyrl.methods import required_inputs
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 
@@ -65,9 +66,10 @@ def token_logp(m: torch.nn.Module, ids: torch.Tensor, P: int) -> torch.Tensor:
     return F.log_softmax(response_logits(m, ids, P), -1).gather(-1, ids[:, P:, None]).squeeze(-1)
 
 
-def sample(prompts: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """T tokens from the sampler: ids [B, P+T], their log μ [B, T] and the entropy of μ at each step [B, T]."""
-    ids, logps, ents = prompts, [], []
+def sample(prompts: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """T tokens from the sampler: ids [B, P+T], their log μ [B, T], the entropy of μ at each step [B, T] and μ's
+    log-probs over the vocabulary [B, T, V] (score centering)."""
+    ids, logps, ents, dists = prompts, [], [], []
     with torch.no_grad():
         for _ in range(T):
             logprobs = F.log_softmax(sampler(input_ids=ids).logits[:, -1].float(), dim=-1)
@@ -75,7 +77,8 @@ def sample(prompts: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor, t
             ids = torch.cat([ids, nxt], dim=1)
             logps.append(logprobs.gather(1, nxt).squeeze(1))
             ents.append(-(logprobs.exp() * logprobs).sum(-1))
-    return ids, torch.stack(logps, 1), torch.stack(ents, 1)
+            dists.append(logprobs)
+    return ids, torch.stack(logps, 1), torch.stack(ents, 1), torch.stack(dists, 1)
 
 
 start = time.time()
@@ -88,7 +91,7 @@ for step in range(args.steps):
     texts = [f"{x}+{y}=" for x, y in zip(a.tolist(), b.tolist(), strict=True)]
     prompts = tok(texts, return_tensors="pt").input_ids.repeat_interleave(args.group, 0)  # [B, P], G per prompt
     P, B, T = prompts.shape[1], prompts.shape[0], args.tokens
-    ids, behav_logp, behav_entropy = sample(prompts, T)
+    ids, behav_logp, behav_entropy, behav_dist = sample(prompts, T)
     first = ids[:, P]
     answer = digits[((a + b) % 10).repeat_interleave(args.group)]
     rewards = torch.where(first == answer, 1.0, torch.where(torch.isin(first, digits), 0.2, 0.0))
@@ -110,6 +113,10 @@ for step in range(args.steps):
     if "sum_p2" in need:  # OTB: Σ_v π(v)² of the current policy at each token
         with torch.no_grad():
             batch["sum_p2"] = F.softmax(response_logits(model, ids, P), -1).square().sum(-1)
+    if "centering" in need:  # score centering: Σ_v sg(μ_v w_v) log π_θ(v), exact form on μ's full distribution
+        log_pi = F.log_softmax(response_logits(model, ids, P), -1).reshape(B * T, -1)  # with gradient
+        term = centering_term(behav_logp=behav_dist.reshape(B * T, -1), head_ids=None, weight=spec.objective.weight)
+        batch["centering"] = term(log_pi, torch.arange(B * T)).reshape(B, T)
     batch["logp"] = logp_fn(model)
     if "prox_logp" in need:  # one update per batch: the proximal policy is the current one
         batch["prox_logp"] = batch["logp"].detach()

@@ -126,7 +126,8 @@ def test_float32_weights_recover_behavior(name: str) -> None:
 @pytest.mark.parametrize("name", REFUSED)
 def test_unhostable_presets_raise_naming_what_is_missing(name: str) -> None:
     x = tensors()
-    with pytest.raises(ValueError, match=r"cannot run: .*(rewards|behav_entropy|ref_logp|group_ids|versions)"):
+    missing = r"cannot run: .*(rewards|behav_entropy|ref_logp|group_ids|versions|centering)"
+    with pytest.raises(ValueError, match=missing):
         call_as_verl(sverl.PREFIX + name, x, x["logp"], "token-mean", verl_weights(x))
     with pytest.raises(ValueError, match="cannot run as a verl policy loss"):
         sverl.register("steadyrl-test/" + name, name)

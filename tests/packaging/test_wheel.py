@@ -57,6 +57,7 @@ full = {"logp": logp_fn(model), "behav_logp": behav_logp, "mask": mask, "rewards
         "prox_logp": logp_fn(model).detach(), "versions": torch.zeros(B, T, dtype=torch.long), "learner_version": 3,
         "behav_entropy": torch.rand(B, T), "ref_logp": behav_logp.clone(), "values": torch.rand(B, T),
         "sum_p2": torch.rand(B, T) * 0.5 + 0.1,
+        "centering": 0.9 * logp_fn(model),
         "grad_sq_norms": steadyrl.per_trajectory_grad_sq_norms(model, logp_fn, mask)}
 for p in PRESETS:
     need = set(required_inputs(steadyrl.resolve_method(p.name))) | {"logp", "behav_logp", "mask"}
@@ -116,7 +117,7 @@ def test_the_wheel_adds_only_the_core_and_runs_there(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()  # outside the repo: `import steadyrl` must find the installed wheel, not ./src
     out = sh(py, "-c", CORE_CHECK, cwd=run, env=env)
-    assert out.stdout.strip().splitlines()[-1].startswith("core ok 48 []"), out.stdout
+    assert out.stdout.strip().splitlines()[-1].startswith("core ok 49 []"), out.stdout
 
     snippet = readme_snippet()
     assert 'method = "seq_tis"' in snippet

@@ -59,7 +59,7 @@ def batch(model64: torch.nn.Module) -> tuple[Rollouts, torch.Tensor]:
     tok = build_char_tokenizer()
     rollouts = generate(
         model64, tok, PROMPTS, group_size=G, max_new_tokens=7, generator=torch.Generator().manual_seed(0),
-        version=0, record_entropy=True,
+        version=0, record_entropy=True, record_dist=0,  # the behavior distribution: score centering
     )  # fmt: skip
     noise = torch.randn(rollouts.behav_logp.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     behav = torch.where(rollouts.response_mask, rollouts.behav_logp.double() + 0.05 * noise, 0.0)

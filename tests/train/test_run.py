@@ -115,6 +115,22 @@ def test_interrupted_and_resumed_runs_write_the_same_metrics(tiny_overrides: lis
     assert [r["step"] for r in read_metrics(cut / "timings.jsonl")] == list(range(21))
 
 
+@pytest.mark.slow
+def test_a_muon_run_resumes_to_the_same_metrics(tiny_overrides: list[str], tmp_path: Path) -> None:
+    """optim.name=muon (Muon + AdamW, two optimizer states in the checkpoint): stopped at step 3 and resumed to 6, the
+    metrics are those of the straight run."""
+    common = [*tiny_overrides, "lag=2", "method=grpo", "optim.name=muon", "optim.muon_lr=0.02", "eval.every=3",
+              "eval.n=16", "checkpoint.every=3"]  # fmt: skip
+    straight = tmp_path / "straight"
+    assert main([*common, "steps=6", f"out_dir={straight}"]) == 0
+    split = tmp_path / "split"
+    assert main([*common, "steps=3", f"out_dir={split}"]) == 0
+    assert main([*common, "steps=6", f"out_dir={split}", "resume=true"]) == 0
+    assert (split / "metrics.jsonl").read_bytes() == (straight / "metrics.jsonl").read_bytes()
+    records = read_metrics(straight / "metrics.jsonl")
+    assert records[-1]["version"] == 6 and all(r["train/skipped"] == 0 for r in records[:-1])
+
+
 def test_first_ctrl_c_sets_the_flag_and_second_raises() -> None:
     # A test run launched in the background inherits SIGINT ignored; this test stands for an interactive terminal.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from steadyrl.base.device import DEVICE_PATTERN, Precision
 from steadyrl.config.critic import CriticConfig
 from steadyrl.config.guard import GuardConfig
-from steadyrl.methods.resolve import required_inputs, resolve_method
+from steadyrl.methods.resolve import behavior_record, required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
 from steadyrl.models import DEFAULT_MODEL_NAME, ModelConfig
 from steadyrl.pool.config import PoolConfig
@@ -38,7 +38,7 @@ from steadyrl.tools.config import SandboxConfig
 PROVIDED_INPUTS: frozenset[str] = frozenset(
     {
         "rewards", "group_ids", "versions", "learner_version", "prox_logp", "behav_entropy", "grad_sq_norms",
-        "ref_logp", "values", "sum_p2",
+        "ref_logp", "values", "sum_p2", "centering",
     }
 )  # fmt: skip
 
@@ -192,8 +192,25 @@ class RolloutConfig(_Section):
 
 
 class OptimConfig(_Section):
-    """AdamW and the optimization phase of each learner step (the learning rate is the top-level ``lr``)."""
+    """The optimizer (AdamW, or Muon + AdamW) and the optimization phase of each learner step (the learning rate is
+    the top-level ``lr``)."""
 
+    name: Literal["adamw", "muon"] = Field("adamw", description="adamw: AdamW on every parameter. muon: "
+                                           "torch.optim.Muon on the hidden 2-D weight matrices and AdamW on the "
+                                           "embeddings, the output layer, norms and biases (arXiv 2610.20256, "
+                                           "2607.16169; steadyrl.train.optim).")
+    muon_lr: float | None = Field(None, gt=0, le=1, description="optim.name=muon: Muon's learning rate (None: the "
+                                  "run's lr, which the match_rms_adamw adjustment makes comparable; ours).")
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="optim.name=muon: Muon's momentum (torch's and "
+                                 "Jordan et al.'s default 0.95).")
+    muon_nesterov: bool = Field(True, description="optim.name=muon: Nesterov momentum (torch's default).")
+    muon_weight_decay: float | None = Field(None, ge=0, le=10, description="optim.name=muon: Muon's decoupled "
+                                            "weight decay (None: optim.weight_decay; ours).")
+    muon_ns_steps: int = Field(5, ge=1, le=20, description="optim.name=muon: Newton–Schulz steps (torch's default).")
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = Field(
+        "match_rms_adamw", description="optim.name=muon: the update's scale, Keller Jordan's sqrt(max(1, A/B)) "
+        "(original) or Moonshot's 0.2·sqrt(max(A, B)) that matches AdamW's update RMS (arXiv 2502.16982; ours)."
+    )
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (β1, β2).")
     eps: float = Field(1e-8, gt=0, le=1, description="AdamW ε.")
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW decoupled weight decay.")
@@ -623,6 +640,21 @@ class TrainConfig(_Section):
                 f"pool.target_occupancy ({self.pool.target_occupancy}) must be >= prompts_per_step ({P}) or 0 "
                 "(default: 2 × prompts_per_step)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _behavior_distribution_is_recorded(self) -> TrainConfig:
+        """Score centering needs the behavior distribution per token: only the transformers sampler of single-turn
+        runs records it."""
+        if behavior_record(self.method.resolve()) is None:
+            return self
+        name = self.method.name
+        if self.rollout.engine == "vllm":
+            raise ValueError(f"method {name!r} needs the behavior distribution at each token, which the vLLM engine "
+                             "does not record yet: use rollout.engine=transformers")  # fmt: skip
+        if self.tools.enabled:
+            raise ValueError(f"method {name!r} needs the behavior distribution at each token, which multi-turn tool "
+                             "runs do not record yet: set tools.enabled=false")  # fmt: skip
         return self
 
     @model_validator(mode="after")

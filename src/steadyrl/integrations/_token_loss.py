@@ -36,6 +36,7 @@ NOT_HOSTED: dict[str, str] = {
     "grad_sq_norms": "the policy loss cannot run per-trajectory backward passes",
     "values": "no critic values reach the policy loss",
     "sum_p2": "the policy loss receives no Σ_v π_v² of the proximal distribution",
+    "centering": "the policy loss receives no behavior distribution nor full-vocabulary log-probs (score centering)",
     "behav_entropy": "the policy loss receives no entropy of the behavior distribution",
     "ref_logp": "the policy loss receives no reference log-probs (the framework adds its own reference KL)",
     "versions": "the policy loss receives no per-token policy versions (A-3PO's interpolation weight needs them)",

@@ -76,6 +76,7 @@ _PROVIDED = ("advantages", "prox_logp", "versions", "learner_version", "ref_logp
 _NOT_HOSTED_INPUTS: dict[str, str] = {
     "grad_sq_norms": "AReaL's loss input has no per-trajectory gradient norms (OPOB)",
     "sum_p2": "AReaL's loss input has no Σ_v π_v² of the proximal distribution (OTB)",
+    "centering": "AReaL records no behavior distribution per token (score centering)",
     "values": "the actor's loss input has no critic values (COPC)",
     "behav_entropy": "AReaL records no entropy of the behavior distribution (its `entropy` argument is π_θ's)",
     "rewards": "AReaL's actor pops the rewards before the update; its loss gets advantages",

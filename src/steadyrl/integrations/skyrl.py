@@ -85,6 +85,7 @@ _PROVIDED = ("advantages", "prox_logp")
 _NOT_HOSTED_INPUTS: dict[str, str] = {
     "grad_sq_norms": "SkyRL passes no per-trajectory gradient norms (OPOB)",
     "sum_p2": "SkyRL passes no Σ_v π_v² of the proximal distribution (OTB)",
+    "centering": "SkyRL records no behavior distribution per token (score centering)",
     "values": "SkyRL's policy loss receives no critic values (COPC)",
     "behav_entropy": "SkyRL records no entropy of the behavior distribution (ESTR)",
     "ref_logp": "SkyRL's policy loss receives no reference log-probs: use its use_kl_loss / use_kl_in_reward",

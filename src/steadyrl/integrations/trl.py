@@ -79,6 +79,7 @@ METRIC_PREFIX = "steadyrl/"
 _NOT_HOSTED: dict[str, str] = {
     "behav_entropy": "TRL records no entropy of the behavior distribution",
     "sum_p2": "TRL computes no Σ_v π_v² of the proximal distribution",
+    "centering": "TRL records no behavior distribution per token (score centering)",
     "values": "TRL's GRPOTrainer has no critic",
 }
 #: Extra keys this adapter adds to TRL's generation batch (shuffled and split with it).

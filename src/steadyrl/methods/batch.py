@@ -25,13 +25,15 @@ KEY_DOCS: dict[str, str] = {
     "values": "[B,T] critic values V(s_t) (COPC)",
     "grad_sq_norms": "[B] per-trajectory squared gradient norms ‖∇θ log π(y_i)‖² (OPOB)",
     "sum_p2": "[B,T] Σ_v π_v² of the proximal distribution at each token (OTB)",
+    "centering": "[B,T] Σ_v sg(μ_v·w_v) log π_θ(v) at each token, with gradient (score centering)",
 }
 
 #: Log-probs above this are not log-probabilities (rounding of a float32 log-softmax stays far below it); in a coarser
 #: dtype (bfloat16, float16) the bound is 16 of its machine epsilons instead.
 LOGP_TOLERANCE = 1e-4
 _LOGP_KEYS = ("logp", "behav_logp", "prox_logp", "ref_logp")
-_TOKEN_KEYS = ("logp", "behav_logp", "mask", "prox_logp", "versions", "behav_entropy", "ref_logp", "values", "sum_p2")
+_TOKEN_KEYS = ("logp", "behav_logp", "mask", "prox_logp", "versions", "behav_entropy", "ref_logp", "values", "sum_p2",
+               "centering")
 _SEQ_KEYS = ("group_ids", "grad_sq_norms")
 
 
@@ -53,6 +55,7 @@ class LossBatch:
     values: Tensor | None = None
     grad_sq_norms: Tensor | None = None
     sum_p2: Tensor | None = None
+    centering: Tensor | None = None
 
     @classmethod
     def from_any(cls, batch: LossBatch | Mapping[str, Any]) -> LossBatch:

@@ -66,6 +66,7 @@ from steadyrl.core.objectives import (
     pnpo,
     ppo,
     sapo,
+    score_centering,
     tic_grpo,
     topr,
     vespo,
@@ -379,6 +380,14 @@ def _dppo(obj: S.DPPOTV | S.DPPOKL, x: Step) -> LossOutput:
     )
 
 
+def _score_centering(obj: S.ScoreCentering, x: Step) -> LossOutput:
+    assert x.b.centering is not None
+    return score_centering.score_centering_loss(
+        logp=x.logp, behav_logp=x.behav, centering=x.b.centering, advantages=x.adv_tok, mask=x.mask,
+        weight=obj.weight, agg=x.method.agg, norm_len=x.norm_len, weights=x.w,
+    )  # fmt: skip
+
+
 OBJECTIVES: dict[type, Callable[[Any, Step], LossOutput]] = {
     S.PPOClip: lambda obj, x: ppo.ppo_clip_loss(
         **x.token_loss_args, advantages=x.adv_tok, weights=x.w, clip_low=obj.clip_low, clip_high=obj.clip_high,
@@ -422,6 +431,7 @@ OBJECTIVES: dict[type, Callable[[Any, Step], LossOutput]] = {
         logp=x.logp, behav_logp=x.behav, advantages=x.seq_adv, mask=x.mask, weights=x.w, agg=x.method.agg,
         norm_len=x.norm_len, value=obj.value,
     ),
+    S.ScoreCentering: _score_centering,
     S.DPPOTV: _dppo,
     S.DPPOKL: _dppo,
     S.ClipCov: lambda obj, x: cov_penalty.clip_cov_loss(

@@ -455,6 +455,19 @@ PRESETS: tuple[Preset, ...] = (
         corrects="none",
     ),
     Preset(
+        "score_centering",
+        "Score centering: REINFORCE −A·[w_a log π_θ(a) − Σ_v sg(μ_v w_v) log π_θ(v)] with w = min(π_θ/μ, 2), no "
+        "clip, group advantages mean-centred without std; the exact form on the recorded behavior distribution",
+        "2609.20807",
+        "reconstructed",
+        {
+            "advantage": {"type": "grpo", "scale": "none"},
+            "objective": {"type": "score_centering", "weight": "tis", "top_k": 0},
+        },
+        source="Eq. 14 of the paper (abstract and equation); NeMo-RL's compute_score_centering_term follows it. "
+        "Ours: the default f (tis), token-mean aggregation, the floor's placement in the top-k tail ratio",
+    ),
+    Preset(
         "bypass_pg_is",
         "verl bypass_pg_is: no proximal recompute (π_prox := μ), REINFORCE −A·w·log π_θ with the sequence weight "
         "w = min(π_θ(y)/μ(y), 2) computed from the current policy (detached), token-mean",

@@ -133,3 +133,11 @@ def required_inputs(method: MethodSpec) -> tuple[str, ...]:
     if method.prox_approx == "loglinear":  # A-3PO: α from the token versions and the learner's
         keys += ["versions", "learner_version"]
     return tuple(dict.fromkeys(keys))
+
+
+def behavior_record(method: MethodSpec) -> int | None:
+    """What of the behavior distribution the sampler must record for ``method`` (``record_dist`` of
+    :func:`steadyrl.rollout.sampler.generate`): None (nothing, every method but score centering), 0 (all of it: the
+    exact form) or k (its top-k)."""
+    obj = method.objective
+    return int(obj.top_k) if obj.type == "score_centering" else None  # type: ignore[union-attr]

@@ -385,6 +385,26 @@ class GSPO(_Strict):
     )
 
 
+class ScoreCentering(_Strict):
+    """Score centering (arXiv 2609.20807, Eq. 14): REINFORCE −A·[w_a log π_θ(a) − Σ_v sg(μ_v w_v) log π_θ(v)], no clip.
+
+    Needs ``centering`` = Σ_v sg(μ_v w_v) log π_θ(v) at each token, which the learner computes from the behavior
+    distribution the sampler records (in full, or its top-k) through the chunked log-prob path.
+    """
+
+    type: Literal["score_centering"] = "score_centering"
+    NEEDS: ClassVar[tuple[str, ...]] = ("centering",)
+    reads_behavior: ClassVar[bool] = True
+    weight: Literal["none", "tis", "mis"] = Field(
+        "tis", description="w = f(π_θ/μ): none (f ≡ 1), tis (min(r, 2)) or mis (r·1[0.5 ≤ r ≤ 5]); the paper's three "
+        "choices; the default tis is ours"
+    )
+    top_k: int = Field(
+        0, ge=0, description="0: the exact form on the full behavior distribution (vocabularies up to 4096 tokens); "
+        "k ≥ 1: the top-k form on the sampler's k most likely tokens with the paper's tail rule"
+    )
+
+
 class M2POClip(_Strict):
     """M2PO clip-narrowing variant (authors' code): PPO clip range from the second-moment budget."""
 
@@ -611,7 +631,7 @@ class BAPO(_Strict):
 
 ObjectiveSpec = Annotated[
     PPOClip | Reinforce | GSPO | M2POClip | TICGRPO | GMCGRPO | PNPO | OAPL | VESPO | CISPO | SAPO | GMPO | TOPR
-    | DPPOTV | DPPOKL | ClipCov | KLCov | BAPO,
+    | DPPOTV | DPPOKL | ClipCov | KLCov | BAPO | ScoreCentering,
     Field(discriminator="type"),
 ]
 

@@ -17,7 +17,13 @@ field               shape     dtype      meaning
 ``behav_entropy``   [N, T]    float32    entropy of the sampling distribution at each step (0 at pad); optional
 ``tool_mask``       [N, T]    bool       True on tool-output tokens (context written by a tool, not sampled);
                                          all False without tools (the default)
+``behav_dist_logp`` [N, T, K] float32    log μ of the sampling distribution at each step: all V tokens (K = V,
+                                         ``behav_dist_ids`` None) or its K most likely ones; −inf at pad; optional
+``behav_dist_ids``  [N, T, K] int64      the token ids of ``behav_dist_logp``'s entries (top-k); None when full
 ==================  ========  =========  =====================================================================
+
+The behavior distribution (``behav_dist_*``) is recorded only when a method needs it (score centering:
+``record_dist`` of :func:`steadyrl.rollout.sampler.generate`).
 
 A response is the model's sampled tokens interleaved with tool turns (:mod:`steadyrl.rollout.multiturn`):
 ``response_mask`` marks the sampled tokens (trained on, importance-weighted, counted in ESS and KL) and ``tool_mask``
@@ -103,6 +109,8 @@ class Rollouts:
     behav_entropy: Float[Tensor, "N T"] | None = None
     tool_mask: Bool[Tensor, "N T"] | None = None
     """None at construction becomes all False (no tool turn)."""
+    behav_dist_logp: Float[Tensor, "N T K"] | None = None
+    behav_dist_ids: Int[Tensor, "N T K"] | None = None
 
     def __post_init__(self) -> None:
         N, T = self.response_ids.shape
@@ -122,6 +130,13 @@ class Rollouts:
                 raise ValueError(f"Rollouts.{name} has shape {tuple(value.shape)}, expected {(N,)}")
         if len(self.texts) != N:
             raise ValueError(f"Rollouts.texts has {len(self.texts)} entries, expected {N}")
+        dist, ids = self.behav_dist_logp, self.behav_dist_ids
+        if dist is None and ids is not None:
+            raise ValueError("Rollouts.behav_dist_ids is set without behav_dist_logp")
+        if dist is not None and (dist.dim() != 3 or tuple(dist.shape[:2]) != (N, T)):
+            raise ValueError(f"Rollouts.behav_dist_logp has shape {tuple(dist.shape)}, expected {(N, T)} + (K,)")
+        if ids is not None and dist is not None and ids.shape != dist.shape:
+            raise ValueError(f"Rollouts.behav_dist_ids has shape {tuple(ids.shape)}, expected {tuple(dist.shape)}")
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -159,6 +174,8 @@ class Rollouts:
             pad_id=self.pad_id,
             behav_entropy=entropy,
             tool_mask=_tool_mask(self)[idx],
+            behav_dist_logp=None if self.behav_dist_logp is None else self.behav_dist_logp[idx],
+            behav_dist_ids=None if self.behav_dist_ids is None else self.behav_dist_ids[idx],
         )
         return _trim(picked)
 
@@ -169,6 +186,11 @@ def _left_pad(x: Tensor, width: int, fill: float | int | bool) -> Tensor:
 
 def _right_pad(x: Tensor, width: int, fill: float | int | bool) -> Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=fill)
+
+
+def _pad_steps(x: Tensor, width: int, fill: float | int) -> Tensor:
+    """``[N, T, K]`` padded with ``fill`` to ``width`` steps (on the right of the step axis)."""
+    return torch.nn.functional.pad(x, (0, 0, 0, width - x.shape[1]), value=fill)
 
 
 def _tool_mask(r: Rollouts) -> Tensor:
@@ -220,6 +242,8 @@ def _trim(r: Rollouts) -> Rollouts:
         pad_id=r.pad_id,
         behav_entropy=entropy,
         tool_mask=tokens.tool_mask,
+        behav_dist_logp=None if r.behav_dist_logp is None else r.behav_dist_logp[:, :t_keep],
+        behav_dist_ids=None if r.behav_dist_ids is None else r.behav_dist_ids[:, :t_keep],
     )
 
 
@@ -227,7 +251,8 @@ def concat(parts: Sequence[Rollouts]) -> Rollouts:
     """Stack rollouts row-wise, re-padding prompts on the left and responses on the right to a common width.
 
     Group ids are offset so groups of different parts stay distinct (part j's ids are shifted by one more than the
-    largest id of the parts before it). ``behav_entropy`` is kept only when every part has it.
+    largest id of the parts before it). ``behav_entropy`` and the behavior distribution (``behav_dist_*``) are kept
+    only when every part has them (the distribution: with the same K, all full or all top-k).
     """
     if not parts:
         raise ValueError("concat needs at least one Rollouts")
@@ -244,6 +269,14 @@ def concat(parts: Sequence[Rollouts]) -> Rollouts:
     entropy = None
     if all(p.behav_entropy is not None for p in parts):
         entropy = torch.cat([_right_pad(p.behav_entropy, T, 0.0) for p in parts])  # type: ignore[arg-type]
+    dist = ids = None
+    dists = [p.behav_dist_logp for p in parts]
+    if all(d is not None for d in dists) and len({d.shape[-1] for d in dists}) == 1:  # type: ignore[union-attr]
+        dist = torch.cat([_pad_steps(d, T, -torch.inf) for d in dists])  # type: ignore[arg-type]
+        if all(p.behav_dist_ids is not None for p in parts):
+            ids = torch.cat([_pad_steps(p.behav_dist_ids, T, 0) for p in parts])  # type: ignore[arg-type]
+        elif any(p.behav_dist_ids is not None for p in parts):
+            dist = None  # full and top-k records do not mix
     return Rollouts(
         prompt_ids=torch.cat([_left_pad(p.prompt_ids, P, pad) for p in parts]),
         prompt_mask=torch.cat([_left_pad(p.prompt_mask, P, False) for p in parts]),
@@ -257,4 +290,6 @@ def concat(parts: Sequence[Rollouts]) -> Rollouts:
         pad_id=pad,
         behav_entropy=entropy,
         tool_mask=torch.cat([_right_pad(_tool_mask(p), T, False) for p in parts]),
+        behav_dist_logp=dist,
+        behav_dist_ids=ids,
     )

@@ -41,6 +41,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from steadyrl.base.device import LaggedCount
+from steadyrl.core.objectives.score_centering import EXACT_VOCAB_LIMIT
 from steadyrl.rollout.distribution import SamplingParams, check_sampling_params, entropy_from_log_probs
 from steadyrl.rollout.distribution import sampling_log_probs as _sampling_log_probs
 from steadyrl.rollout.rollouts import PAD_VERSION, Rollouts
@@ -219,6 +220,7 @@ def generate(
     eos_token_ids: Sequence[int] | None = None,
     before_forward: Callable[[], int] | None = None,
     lagged_reads: bool | None = None,
+    record_dist: int | None = None,
 ) -> Rollouts:
     """Sample ``group_size`` responses for each prompt; N = ``len(prompts) * group_size`` rows.
 
@@ -233,6 +235,11 @@ def generate(
         version: policy version of the weights; recorded for every sampled token (−1 at padding).
         use_cache: decode with a KV cache (default); False re-runs the whole sequence each step (for tests).
         record_entropy: also return the entropy of the sampling distribution at each step (``behav_entropy``).
+        record_dist: also return the sampling distribution at each step (``behav_dist_logp``, score centering):
+            None (default) not at all; 0 all V log-probs (vocabularies up to
+            :data:`~steadyrl.core.objectives.score_centering.EXACT_VOCAB_LIMIT` tokens); k ≥ 1 the k most likely
+            tokens' log-probs and ids (``behav_dist_ids``). Recording draws no random number: the tokens are the
+            same with or without it.
         eos_token_ids: tokens that end a response (default: :func:`stop_token_ids`, the tokenizer's EOS and the
             model generation config's).
         before_forward: in-flight weight updates (PipelineRL/AReaL partial rollouts): called before the prefill and
@@ -262,6 +269,8 @@ def generate(
     stop_ids = stop_token_ids(model, tokenizer) if eos_token_ids is None else list(eos_token_ids)
     if not stop_ids or any(i is None for i in stop_ids):
         raise ValueError("no EOS token id: pass eos_token_ids or use a tokenizer with an eos_token")
+    if record_dist is not None:
+        check_record_dist(record_dist, vocab_size=_vocab_size(model))
     device = next(model.parameters()).device
     pad_id = int(tokenizer.pad_token_id)
     stop = torch.tensor(stop_ids, device=device)
@@ -280,6 +289,7 @@ def generate(
             record_entropy=record_entropy,
             before_forward=before_forward or (lambda: version),
             lagged_reads=lagged_reads,
+            record_dist=record_dist,
         )
     return assemble_rollouts(
         steps,
@@ -300,6 +310,8 @@ class DecodeSteps:
     logps: list[Tensor] = field(default_factory=list)
     alive: list[Tensor] = field(default_factory=list)  # the row had not stopped before this step
     entropies: list[Tensor] = field(default_factory=list)
+    dists: list[Tensor] = field(default_factory=list)  # [N, K] log μ of the recorded tokens (record_dist)
+    dist_ids: list[Tensor] = field(default_factory=list)  # [N, K] their ids (top-k)
     versions: list[int] = field(default_factory=list)  # version of the forward each step's token was drawn from
     stopped: Tensor | None = None  # [N] the row emitted a stop token
 
@@ -329,11 +341,45 @@ class _GrowingMask:
 
 
 class _Draw(NamedTuple):
-    """One step's draw for all N rows: ``token`` [N] int64, ``logp`` [N] = log μ(token), ``entropy`` [N] or None."""
+    """One step's draw for all N rows: ``token`` [N] int64, ``logp`` [N] = log μ(token), ``entropy`` [N] or None,
+    ``dist`` [N, K] recorded log μ (``record_dist``) or None, ``dist_ids`` [N, K] their ids (top-k) or None."""
 
     token: Tensor
     logp: Tensor
     entropy: Tensor | None
+    dist: Tensor | None = None
+    dist_ids: Tensor | None = None
+
+
+def _vocab_size(model: PreTrainedModel) -> int | None:
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    return int(head.weight.shape[0]) if head is not None and hasattr(head, "weight") else None
+
+
+def check_record_dist(record_dist: int | None, *, vocab_size: int | None) -> None:
+    """Raise ``ValueError`` for a ``record_dist`` the sampler cannot honour (negative, or the full distribution of a
+    vocabulary above the exact form's limit)."""
+    if record_dist is None:
+        return
+    if record_dist < 0:
+        raise ValueError(f"record_dist must be None, 0 (the full distribution) or k >= 1 (its top-k): {record_dist}")
+    if record_dist == 0 and vocab_size is not None and vocab_size > EXACT_VOCAB_LIMIT:
+        raise ValueError(
+            f"recording the full behavior distribution is allowed up to {EXACT_VOCAB_LIMIT} tokens; this model's "
+            f"vocabulary has {vocab_size}: use the top-k form (method.objective.top_k=16, for example)"
+        )
+
+
+def _record(log_mu: Tensor, k: int | None) -> tuple[Tensor | None, Tensor | None]:
+    """(log μ of the recorded tokens [n, K], their ids [n, K] or None): all V (k = 0) or the k most likely."""
+    if k is None:
+        return None, None
+    if k == 0:
+        return log_mu, None
+    if k >= log_mu.shape[-1]:  # a head as large as the vocabulary: every token, in id order
+        return log_mu, torch.arange(log_mu.shape[-1], device=log_mu.device).expand_as(log_mu).contiguous()
+    values, ids = torch.topk(log_mu, k, dim=-1)
+    return values, ids
 
 
 class _Sampler:
@@ -345,19 +391,24 @@ class _Sampler:
     does; their tokens are discarded), and every other row gets exactly the token it would get without compaction.
     """
 
-    def __init__(self, *, params: SamplingParams, generator: torch.Generator, record_entropy: bool) -> None:
+    def __init__(
+        self, *, params: SamplingParams, generator: torch.Generator, record_entropy: bool,
+        record_dist: int | None = None,
+    ) -> None:  # fmt: skip
         self.params = params
         self.generator = generator
         self.record_entropy = record_entropy
+        self.record_dist = record_dist
         self.probs: Tensor | None = None  # [N, V] μ of every row, kept once rows have left the forward
 
     def draw(self, logits: Tensor, rows: Tensor | None) -> _Draw:
         """Draw from the logits of ``rows`` (indices into the N rows; None: ``logits`` has all N rows)."""
         log_mu = _sampling_log_probs(logits, params=self.params)  # [n, V], log μ
         entropy = entropy_from_log_probs(log_mu) if self.record_entropy else None
+        dist, dist_ids = _record(log_mu, self.record_dist)
         if rows is None:
             token = torch.multinomial(log_mu.exp(), 1, generator=self.generator).squeeze(-1)  # y_t ~ μ
-            return _Draw(token, log_mu.gather(-1, token.unsqueeze(-1)).squeeze(-1), entropy)  # log μ(y_t)
+            return _Draw(token, log_mu.gather(-1, token.unsqueeze(-1)).squeeze(-1), entropy, dist, dist_ids)
         if self.probs is None:
             raise RuntimeError("rows left the forward before a draw over all rows")
         self.probs.index_copy_(0, rows, log_mu.exp())
@@ -365,7 +416,11 @@ class _Sampler:
         logp = log_mu.new_zeros(token.shape).index_copy_(0, rows, log_mu.gather(-1, token[rows].unsqueeze(-1))[:, 0])
         if entropy is not None:
             entropy = entropy.new_zeros(token.shape).index_copy_(0, rows, entropy)
-        return _Draw(token, logp, entropy)
+        if dist is not None:  # rows out of the forward have ended: their entries are padding
+            dist = dist.new_full((token.shape[0], dist.shape[-1]), -torch.inf).index_copy_(0, rows, dist)
+        if dist_ids is not None:
+            dist_ids = dist_ids.new_zeros((token.shape[0], dist_ids.shape[-1])).index_copy_(0, rows, dist_ids)
+        return _Draw(token, logp, entropy, dist, dist_ids)
 
     def keep_all(self, logits: Tensor) -> None:
         """Remember μ of all N rows (from their full-batch ``logits``) before the first compaction."""
@@ -386,6 +441,7 @@ def _decode(
     record_entropy: bool,
     before_forward: Callable[[], int],
     lagged_reads: bool | None = None,
+    record_dist: int | None = None,
 ) -> DecodeSteps:
     n_prompts, P = prompts.ids.shape
     N = n_prompts * group_size
@@ -414,7 +470,7 @@ def _decode(
     seq_ids = None if use_cache else prompts.ids.repeat_interleave(group_size, dim=0)
     prompt_len = mask.view(P).sum(dim=-1)
     rows: Tensor | None = None  # the rows in the forward (indices into N); None: all of them
-    sampler = _Sampler(params=params, generator=generator, record_entropy=record_entropy)
+    sampler = _Sampler(params=params, generator=generator, record_entropy=record_entropy, record_dist=record_dist)
     finished = torch.zeros(N, dtype=torch.bool, device=prompts.ids.device)
     alive = LaggedCount(finished.device, lagged=lagged_reads)
     steps = DecodeSteps()
@@ -423,6 +479,10 @@ def _decode(
         steps.logps.append(draw.logp)
         if draw.entropy is not None:
             steps.entropies.append(draw.entropy)
+        if draw.dist is not None:
+            steps.dists.append(draw.dist)
+        if draw.dist_ids is not None:
+            steps.dist_ids.append(draw.dist_ids)
         steps.alive.append(~finished)
         steps.versions.append(logits_version)
         token = draw.token.masked_fill(finished, pad_id)
@@ -467,7 +527,7 @@ def _decode(
     steps.stopped = finished
     if alive.lagged:  # a count read late may have run steps after every row had ended: drop them (one read)
         ran = int(torch.stack(steps.alive).any(dim=1).nonzero().max()) + 1
-        for name in ("tokens", "logps", "entropies", "alive", "versions"):
+        for name in ("tokens", "logps", "entropies", "dists", "dist_ids", "alive", "versions"):
             values = getattr(steps, name)
             del values[ran:]
     return steps
@@ -511,6 +571,13 @@ def assemble_rollouts(
     entropy = None
     if steps.entropies:
         entropy = torch.where(response_mask, torch.stack(steps.entropies, dim=-1), zeros)
+    dist = ids = None
+    if steps.dists:
+        alive = response_mask.unsqueeze(-1)
+        stacked = torch.stack(steps.dists, dim=1)  # [N, T, K]
+        dist = torch.where(alive, stacked.to(torch.promote_types(stacked.dtype, torch.float32)), -torch.inf)
+        if steps.dist_ids:
+            ids = torch.where(alive, torch.stack(steps.dist_ids, dim=1), 0)
     keep = response_mask & ~torch.isin(response_ids, stop_ids)  # decoded text: no EOS, no padding
     rows = [row[k].tolist() for row, k in zip(response_ids, keep, strict=True)]
     texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
@@ -527,4 +594,6 @@ def assemble_rollouts(
         texts=texts,
         pad_id=pad_id,
         behav_entropy=entropy,
+        behav_dist_logp=dist,
+        behav_dist_ids=ids,
     )

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from steadyrl.base.device import Placement, Precision, copy_state, wait_for_copies
 from steadyrl.base.seeding import derive_seed, generator
+from steadyrl.methods.resolve import behavior_record
 from steadyrl.rollout.multiturn import ToolUse, score_final
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
@@ -366,6 +367,7 @@ class LagSampler:
         precision: Precision = "fp32",
         snapshot_budget_bytes: int | None = None,
         snapshot_dir: Path | None = None,
+        record_dist: int | None = None,
     ) -> None:
         if engine is not None and record_entropy:
             raise ValueError("the vLLM engine does not return the behavior entropy (record_entropy)")
@@ -397,6 +399,11 @@ class LagSampler:
         self.group_size = group_size
         self.seed = seed
         self.record_entropy = record_entropy
+        self.record_dist = record_dist
+        """What of the behavior distribution :func:`generate` records (score centering; None: nothing)."""
+        if engine is not None and record_dist is not None:
+            raise ValueError("the vLLM engine does not record the behavior distribution yet (score centering): use "
+                             "rollout.engine=transformers")  # fmt: skip
         self._loaded: int | None = None
 
     @classmethod
@@ -417,6 +424,7 @@ class LagSampler:
                 else int(cfg.runtime.snapshot_memory_gb * GIB)
             ),
             snapshot_dir=cfg.runtime.snapshot_dir or Path(cfg.out_dir) / "snapshots",
+            record_dist=behavior_record(cfg.method.resolve()),
         )  # fmt: skip
 
     def publish(self, *, step: int, version: int, model: nn.Module) -> None:
@@ -461,6 +469,7 @@ class LagSampler:
                 generator=generator(self.seed, "sample", step, device=self.placement.device),
                 version=snap.version,
                 record_entropy=self.record_entropy,
+                record_dist=self.record_dist,
             )
 
     @property

@@ -21,6 +21,7 @@ from torch import nn
 
 from steadyrl.base.device import Placement, sampler_placement
 from steadyrl.base.seeding import derive_seed, generator
+from steadyrl.methods.resolve import behavior_record
 from steadyrl.pool.records import GroupRecord
 from steadyrl.rollout.multiturn import ToolUse, score_final
 from steadyrl.rollout.sampler import generate
@@ -118,6 +119,7 @@ def _sample_until_done(
     chunk = cfg.runtime.resolved_sampler_batch(cfg.prompts_per_step)
     inflight = cfg.runtime.inflight and not cfg.runtime.sync
     redo = sorted(spec.redo)
+    record_dist = behavior_record(cfg.method.resolve())  # the behavior distribution, when the method reads it
     while True:
         if redo:
             ids, redo = redo[:chunk], redo[chunk:]
@@ -162,7 +164,8 @@ def _sample_until_done(
                 )  # fmt: skip
                 rewards = score_rollouts(task, problems, rollouts)
             elif tools is None:
-                rollouts = generate(model, spec.tokenizer, prompts, max_new_tokens=s.max_new_tokens, **sample_kw)
+                rollouts = generate(model, spec.tokenizer, prompts, max_new_tokens=s.max_new_tokens, **sample_kw,
+                                    record_dist=record_dist)  # fmt: skip
                 rewards = score_rollouts(task, problems, rollouts)
             else:  # multi-turn with the sandbox; the reward scores each trajectory's last model turn
                 out = tools.generate(model, spec.tokenizer, prompts, **sample_kw)

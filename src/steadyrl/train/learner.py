@@ -31,6 +31,14 @@ forward runs under its autocast). With ``optim.microbatch_tokens`` an optimizer 
 runs :mod:`steadyrl.train.microbatch`'s three passes instead of step 1's one forward: the loss still sees the whole
 batch, and the accumulated gradient is the one-pass gradient (metric ``train/microbatches``).
 
+Vocabulary terms (:mod:`steadyrl.train.vocab_terms`): a method that needs a full-vocabulary term of π_θ with gradient
+(score centering's Σ_v sg(μ_v w_v) log π_θ(v), batch key ``centering``) gets it from step 1's forward
+(:func:`~steadyrl.rollout.logprobs.sequence_logprob_terms`, chunk by chunk in the chunked head), built from the
+behavior distribution the rollouts carry; with micro-batches it is micro-batched like ``logp``.
+
+The optimizer is AdamW, or Muon on the hidden weight matrices and AdamW on the rest (``optim.name=muon``,
+:mod:`steadyrl.train.optim`).
+
 COPC critic (:mod:`steadyrl.train.critic`): when the method needs ``values``, step 1's forward also returns the final
 hidden states, the value head turns them into V(s_t) (the batch's ``values``, detached), and the value loss
 value_coef · ½ · masked mean (V − target)² (targets: COPC's V + Â of the same values) is added to the loss of step 3;
@@ -55,11 +63,13 @@ from steadyrl.core.gradient_alignment import grad_cosine
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec
-from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprobs
+from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprob_terms, sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.train.critic import Critic
 from steadyrl.train.grad_norms import GhostPass, GradNormMethod, per_trajectory_grad_sq_norms
 from steadyrl.train.microbatch import plan_microbatches, scatter_rows, take_rows
+from steadyrl.train.optim import build_optimizer
+from steadyrl.train.vocab_terms import VOCAB_TERMS, vocab_terms
 
 #: How the learner gets OPOB's per-trajectory squared gradient norms: ``fused`` (default) from the step's own forward
 #: and one backward (:class:`~steadyrl.train.grad_norms.GhostPass`), or a separate pass of
@@ -152,15 +162,19 @@ class Learner:
         """Device of every batch tensor and the autocast of every forward (steadyrl.base.device)."""
         if optim.activation_checkpointing:
             enable_activation_checkpointing(model)
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
-            **({"fused": True} if optim.fused else {}),
-        )  # fmt: skip
+        self.optimizer = build_optimizer(model, self.params, lr=lr, cfg=optim)  # AdamW, or Muon + AdamW
         self.version = 0
         self._prox_version: int | None = None  # version at which this step's π_prox was recomputed (None: not)
         self._prev_grad: list[Tensor] | None = None
         # a controller that keeps the previous raw gradient anyway (GAC with prev="raw"): no second copy
         self._prev_keeper = next((c for c in self.controllers if getattr(c, "keeps_raw_prev", False)), None)
+        self.term_keys = tuple(k for k in self.needs if k in VOCAB_TERMS)
+        """Batch keys computed as vocabulary terms in the forward of ``logp`` (:mod:`steadyrl.train.vocab_terms`)."""
+        if self.term_keys and ("grad_sq_norms" in self.needs or "values" in self.needs):
+            raise ValueError(
+                f"method {method.name!r} needs vocabulary terms ({', '.join(self.term_keys)}) and per-trajectory "
+                "gradient norms or critic values from the same forward; combine it with neither"
+            )
         # COPC's value head and its AdamW: only when the method's advantage needs critic values
         self.critic: Critic | None = None
         if "values" in self.needs:
@@ -302,8 +316,19 @@ class Learner:
             batch["grad_sq_norms"] = grad_sq_norms
         return batch
 
-    def _forward(self, sub: Rollouts) -> tuple[Tensor, Tensor | None, GhostPass | None]:
-        """(logp for the loss, per-trajectory squared gradient norms if the method needs them, the fused pass)."""
+    def _forward(self, sub: Rollouts) -> tuple[Tensor, Tensor | None, GhostPass | None, dict[str, Tensor]]:
+        """(logp for the loss, per-trajectory squared gradient norms if the method needs them, the fused pass, the
+        method's vocabulary terms from the same forward)."""
+        if self.term_keys:
+            terms = vocab_terms(self.method, self.term_keys, sub)
+            out = sequence_logprob_terms(
+                self.model, sub, terms=terms, temperature=self.temperature, share_prompts=self.optim_cfg.share_prompts
+            )
+            return out.logp, None, None, out.terms
+        logp, norms, ghost = self._plain_forward(sub)
+        return logp, norms, ghost, {}
+
+    def _plain_forward(self, sub: Rollouts) -> tuple[Tensor, Tensor | None, GhostPass | None]:
         if "grad_sq_norms" not in self.needs:
             return self._logp(self.model, sub), None, None
         if self.grad_norms != "fused":  # a separate pass first (the benchmark's reference points)
@@ -371,7 +396,8 @@ class Learner:
         hidden = None
         with self._forward_context(grad=True):
             if self.critic is None:
-                logp, norms, ghost = self._forward(sub)
+                logp, norms, ghost, terms = self._forward(sub)
+                extras = {**extras, **terms}
             else:  # COPC: logp and the final hidden states from one forward (no OPOB norms: one advantage)
                 logp, _, hidden = sequence_logprobs(self.model, sub, temperature=self.temperature, return_hidden=True)
                 norms, ghost = None, None
@@ -387,15 +413,29 @@ class Learner:
                 ghost.close()
         return loss_metrics, metrics, host, loss.detach()
 
+    def _micro_forward(self, mb: Rollouts, *, return_hidden: bool = False) -> tuple[Tensor, Tensor | None, dict]:
+        """(logp, hidden states or None, vocabulary terms) of one micro-batch, with the step's forward options."""
+        share = self.optim_cfg.share_prompts
+        if self.term_keys:
+            terms = vocab_terms(self.method, self.term_keys, mb)
+            out = sequence_logprob_terms(self.model, mb, terms=terms, temperature=self.temperature, share_prompts=share)
+            return out.logp, None, out.terms
+        scored = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=return_hidden,
+                                   share_prompts=share)  # fmt: skip
+        return scored.logp, scored.hidden if return_hidden else None, {}
+
     def _micro_values(
         self, sub: Rollouts, plan: Sequence[Tensor], extras: Mapping[str, Tensor | None]
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Step 1 of :mod:`steadyrl.train.microbatch`: logp (and OPOB norms, COPC hidden states), no graph kept."""
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, dict[str, Tensor]]:
+        """Step 1 of :mod:`steadyrl.train.microbatch`: logp (and OPOB norms, COPC hidden states, the method's
+        vocabulary terms), no graph kept."""
         wants_norms, wants_hidden = "grad_sq_norms" in self.needs, self.critic is not None
         prox = extras.get("prox_logp")
-        if prox is not None and self._prox_version == self.version and not (wants_norms or wants_hidden):
-            return prox.clone(), None, None  # π_prox was just recomputed with these weights: the same values
+        if prox is not None and self._prox_version == self.version and not (wants_norms or wants_hidden or
+                                                                             self.term_keys):  # fmt: skip
+            return prox.clone(), None, None, {}  # π_prox was just recomputed with these weights: the same values
         logps, norms, hiddens = [], [], []
+        term_parts: dict[str, list[tuple[Tensor, Tensor]]] = {k: [] for k in self.term_keys}
         for rows in plan:
             mb = sub.select(rows)
             if wants_norms:
@@ -410,13 +450,15 @@ class Learner:
                     )
                 norms.append((rows, n.detach()))
             with self._forward_context(grad=False):
-                out = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=wants_hidden,
-                                        share_prompts=self.optim_cfg.share_prompts)  # fmt: skip
-            logps.append((rows, out.logp))
+                mb_logp, mb_hidden, mb_terms = self._micro_forward(mb, return_hidden=wants_hidden)
+            logps.append((rows, mb_logp))
             if wants_hidden:
-                hiddens.append((rows, out.hidden))  # type: ignore[union-attr]
+                hiddens.append((rows, mb_hidden))
+            for key, value in mb_terms.items():
+                term_parts[key].append((rows, value))
         N, T = sub.response_ids.shape
         logp = scatter_rows(logps, like=torch.zeros(N, T, dtype=logps[0][1].dtype, device=sub.response_ids.device))
+        terms = {k: scatter_rows(parts, like=torch.zeros_like(logp)) for k, parts in term_parts.items()}
         norm = None
         if norms:
             norm = scatter_rows(norms, like=torch.zeros(N, dtype=norms[0][1].dtype, device=logp.device))
@@ -424,7 +466,7 @@ class Learner:
         if hiddens:
             H = hiddens[0][1].shape[-1]
             hidden = scatter_rows(hiddens, like=torch.zeros(N, T, H, dtype=hiddens[0][1].dtype, device=logp.device))
-        return logp, norm, hidden
+        return logp, norm, hidden, terms
 
     def _micro_backward(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], plan: Sequence[Tensor]
@@ -432,28 +474,32 @@ class Learner:
         """Steps 2–3 of :mod:`steadyrl.train.microbatch`: the full-batch loss on leaf log-probs, then per
         micro-batch ``backward(∂L/∂logp)`` (and ∂L/∂hidden for a critic that trains the trunk); returns as
         :meth:`_full_backward`."""
-        logp_values, norms, hidden_values = self._micro_values(sub, plan, extras)
+        logp_values, norms, hidden_values, term_values = self._micro_values(sub, plan, extras)
         logp = logp_values.requires_grad_()
         hidden = None if hidden_values is None else hidden_values.requires_grad_()
-        loss, loss_metrics, metrics = self._loss(sub, rewards, extras, logp, norms, hidden)
+        terms = {k: v.requires_grad_() for k, v in term_values.items()}
+        loss, loss_metrics, metrics = self._loss(sub, rewards, {**extras, **terms}, logp, norms, hidden)
         host = {"train/microbatches": float(len(plan))}
-        loss.backward()  # ∂L/∂logp, ∂L/∂hidden into the leaves; the critic head's own gradient into .grad
+        loss.backward()  # ∂L/∂logp, ∂L/∂hidden, ∂L/∂term into the leaves; the critic head's own gradient into .grad
         a, gh = logp.grad, None if hidden is None else hidden.grad
-        if a is None and gh is None:
+        g_terms = {k: v.grad for k, v in terms.items() if v.grad is not None}
+        if a is None and gh is None and not g_terms:
             return loss_metrics, metrics, host, loss.detach()
         for rows in plan:
             mb = sub.select(rows)
             width = mb.response_ids.shape[1]
             with self._forward_context(grad=True):
-                out = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=gh is not None,
-                                        share_prompts=self.optim_cfg.share_prompts)  # fmt: skip
+                mb_logp, mb_hidden, mb_terms = self._micro_forward(mb, return_hidden=gh is not None)
             tensors, grads = [], []
             if a is not None:
-                tensors.append(out.logp)
+                tensors.append(mb_logp)
                 grads.append(take_rows(a, rows, width))
-            if gh is not None:
-                tensors.append(out.hidden)  # type: ignore[union-attr]
-                grads.append(take_rows(gh, rows, width).to(out.hidden.dtype))  # type: ignore[union-attr]
+            if gh is not None and mb_hidden is not None:
+                tensors.append(mb_hidden)
+                grads.append(take_rows(gh, rows, width).to(mb_hidden.dtype))
+            for key, g in g_terms.items():
+                tensors.append(mb_terms[key])
+                grads.append(take_rows(g, rows, width).to(mb_terms[key].dtype))
             torch.autograd.backward(tensors, grads)
         return loss_metrics, metrics, host, loss.detach()
 
@@ -465,7 +511,7 @@ class Learner:
         controllers' decision (whether to step)."""
         lr = self.scheduled_lr()
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's groups: their own lr (steadyrl.train.optim)
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic.zero_grad()
