@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from steadyrl.config.train import OptimConfig
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.sampler import generate
-from steadyrl.train.config import OptimConfig
 from steadyrl.train.learner import Learner
 from steadyrl.train.optim import MuonAdamW, split_params
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from steadyrl.config.train import OptimConfig
 from steadyrl.methods import MethodSpec, resolve_method
 from steadyrl.methods import spec as S
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.sampler import generate
-from steadyrl.train.config import OptimConfig
 from steadyrl.train.entry import main
 from steadyrl.train.learner import Learner
 from steadyrl.train.metrics import read_metrics

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from steadyrl.train.config import OptimConfig
+from steadyrl.config.train import OptimConfig
 
 #: ``optim.name`` values.
 OptimizerName = Literal["adamw", "muon"]
