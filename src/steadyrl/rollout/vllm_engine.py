@@ -25,8 +25,9 @@ How it works:
    The token lists are assembled by the same code as :func:`generate` (``sampler.assemble_rollouts``): identical
    padding, masks, ``truncated``, decoded ``texts``.
 5. **Weights** are updated in place and never through the disk: :meth:`VLLMEngine.update_weights` sends the new
-   tensors over the pipe and the server copies them into the model with the model's own ``load_weights`` (run on
-   the worker by ``collective_rpc``; no restart, the KV-cache memory is kept), then ``reset_prefix_cache()`` so no
+   tensors over the pipe (as shared-memory handles: the server maps the host copies, no bytes are pickled) and the
+   server loads them in place with vLLM's ``reload_weights`` from an iterator (run on the worker by
+   ``collective_rpc``; no restart, the KV-cache memory is kept), then ``reset_prefix_cache()`` so no
    cached prompt state of the old weights is reused. Only the start writes the policy once (``save_pretrained``),
    since ``vllm.LLM`` is built from a model directory.
 6. **Tool turns** (:meth:`VLLMEngine.generate_multiturn`): the turn logic of
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import multiprocessing
 import os
 import shutil
 import socket
@@ -71,6 +73,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.multiprocessing
 from torch import Tensor, nn
 
 from steadyrl.core.diagnostics import staleness_diagnostics
@@ -250,6 +253,9 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(s.kv_cache_gb * GIB)
         if s.max_num_seqs is not None:
             kwargs["max_num_seqs"] = s.max_num_seqs
+        # the process key lets the server map the tensors of weight updates, which travel as shared-memory handles
+        # (torch.multiprocessing's reductions), not as bytes
+        kwargs["authkey"] = bytes(multiprocessing.current_process().authkey)
         self._call("init", kwargs, timeout=s.startup_timeout_s)
 
     def _call(self, op: str, payload: Any = None, *, timeout: float | None = None) -> Any:
@@ -299,9 +305,9 @@ class VLLMEngine:
 
         ``weights``: a model of the same architecture, or its ``state_dict()`` (e.g. a lag-runtime snapshot).
         Tensors that share storage (tied embeddings) are sent once, under their first name, as ``save_pretrained``
-        writes them. They travel to the server process over its pipe and into the model with vLLM's own
-        ``load_weights`` (the loader that maps checkpoint names to vLLM's fused layers), so a weight update never
-        touches the disk; the prefix cache is reset.
+        writes them. They travel to the server process over its pipe as shared-memory handles and into the
+        model with vLLM's ``reload_weights`` from an iterator (the checkpoint loader: it maps checkpoint names onto
+        vLLM's fused layers), so a weight update never touches the disk; the prefix cache is reset.
         """
         state = weights.state_dict() if isinstance(weights, nn.Module) else weights
         t0 = time.perf_counter()

@@ -3,14 +3,15 @@
 
 It owns the ``vllm.LLM`` and answers the client's requests over the pipe ``FD`` (``multiprocessing`` connection):
 ``init`` (build the engine from the client's settings; one token of warm-up), ``generate`` (sample every row with its
-own seed; each row's tokens and the sampled tokens' processed log-probs), ``load`` (the client's tensors, received
-over the pipe, copied into the model in place by vLLM's ``load_weights``; the CPU GEMMs of layers whose weight is tied
-re-packed; the prefix cache reset) and ``close``. It imports nothing of steadyrl, so starting it costs vLLM's import
-alone.
+own seed; each row's tokens and the sampled tokens' processed log-probs), ``load`` (the client's tensors, received over
+the pipe, loaded into the model in place by vLLM's ``reload_weights`` from an iterator; the CPU GEMMs of layers whose
+weight is tied re-packed; the prefix cache reset) and ``close``. It imports nothing of steadyrl, so starting it costs
+vLLM's import alone.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import sys
@@ -41,6 +42,10 @@ def serve(fd: int) -> None:
             if op == "init":
                 from vllm import LLM
 
+                payload = dict(payload)
+                # the client's process key: tensors of weight updates arrive as shared-memory handles, whose
+                # transfer (multiprocessing's resource sharer) authenticates with it
+                multiprocessing.current_process().authkey = payload.pop("authkey")
                 workdir = payload["model"]
                 llm = LLM(**payload)
                 # one token now: unsupported shapes fail at start-up, and the first call's warm-up is paid here
@@ -51,7 +56,9 @@ def serve(fd: int) -> None:
             elif op == "generate":
                 result = _serve_generate(llm, payload)
             elif op == "load":
-                llm.collective_rpc(load_tensors, args=(payload,))
+                # vLLM's in-place reload from an iterator of (checkpoint name, tensor): the loader that maps q/k/v and
+                # gate/up onto fused layers and re-runs the post-load processing (the file form reads a directory)
+                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(payload)})
                 from vllm.platforms import current_platform
 
                 if current_platform.is_cpu():
@@ -64,16 +71,6 @@ def serve(fd: int) -> None:
             conn.send(("error", traceback.format_exc()))
             continue
         conn.send(("ok", result))
-
-
-def load_tensors(worker: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
-    """Copy ``(checkpoint name, tensor)`` pairs into the worker's model with the model's own ``load_weights`` (the
-    loader vLLM uses for a checkpoint: it maps q/k/v and gate/up onto the fused layers, and casts to the engine's
-    dtype); the engine and its KV cache stay as they are."""
-    model = worker.model_runner.get_model()
-    loaded = model.load_weights(weights=iter(tensors))
-    if loaded is not None and not loaded:  # vLLM's loaders return the names of the parameters they filled
-        raise RuntimeError(f"the engine's model took none of the {len(tensors)} tensors sent (e.g. {tensors[0][0]})")
 
 
 def _repack_cpu_gemms(worker: Any) -> None:
