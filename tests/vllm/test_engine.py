@@ -19,7 +19,7 @@ from steadyrl.models.tokenizer import build_char_tokenizer
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import encode_prompts
-from steadyrl.rollout.vllm_engine import SETUP_HINT, VLLMEngine, VLLMSettings, engine_mismatch, vllm_available
+from steadyrl.rollout.vllm_engine import LOG_FILE, SETUP_HINT, VLLMEngine, VLLMSettings, engine_mismatch, vllm_available
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason=f"vLLM is not installed here; {SETUP_HINT}")
 
@@ -124,10 +124,13 @@ def test_a_weight_update_writes_nothing_to_disk(
         raise AssertionError("a weight update wrote a safetensors file")
 
     monkeypatch.setattr(safetensors.torch, "save_file", refuse)
-    before = {p.name: p.stat().st_mtime_ns for p in engine.dir.iterdir()}
+    def files() -> dict[str, int]:  # the model directory, without the server's log
+        return {p.name: p.stat().st_mtime_ns for p in engine.dir.iterdir() if p.name != LOG_FILE}
+
+    before = files()
     old, new = models
     engine.update_weights(new, version=5)
-    assert {p.name: p.stat().st_mtime_ns for p in engine.dir.iterdir()} == before
+    assert files() == before and "model.safetensors" in before
     r = engine.generate(PROMPTS, group_size=4, max_new_tokens=8, seed=4)
     assert _max_dlogp(new, r) <= LOGP_TOL and _max_dlogp(old, r) > 0.1
 
