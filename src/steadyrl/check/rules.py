@@ -16,8 +16,9 @@ rule               verdict
                    correct against μ and for runs without staleness.
 ``ess``            ours. FAIL: an ESS ratio outside [0, 1] (a broken metric). WARN: the collapse onset, the first
                    of ``patience`` consecutive steps with the ESS ratio below the collapse guard's ``ess_floor``.
-``kl_spikes``      ours, the collapse guard's spike rule: WARN at the first step whose k3 mismatch KL exceeds
-                   max(``kl_factor`` × the median of the steps before it, ``kl_min``).
+``kl_spikes``      ours, the collapse guard's spike rule: WARN at the first step after the guard's ``warmup``
+                   whose k3 mismatch KL exceeds max(``kl_factor`` × the median of the ``window`` steps before it,
+                   ``kl_min``).
 ``batch_reuse``    arXiv 2610.02911, check 3. FAIL when a batch fingerprint (or ``data/max_reuse``) is consumed more
                    times than allowed (once, unless told otherwise); reports updates against distinct batches.
 ``staleness``      ours. FAIL when the lag (``lag/max``, or ``data/age_max``) exceeds the configured bound.
@@ -204,6 +205,8 @@ def kl_spikes(table: Table, guard: GuardConfig) -> Finding:
     if not series:
         return Finding(name, "SKIP", None, f"no mismatch KL ({KL_K3}) logged")
     for i, (step, v) in enumerate(series):
+        if i < guard.warmup:  # the guard's warm-up steps seed the baseline, never spike
+            continue
         before = [x for _, x in series[max(0, i - guard.window) : i]]
         base = statistics.median(before) if before else 0.0
         limit = max(guard.kl_factor * base, guard.kl_min)
