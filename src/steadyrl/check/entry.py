@@ -32,8 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("dir", help="run directory or log file")
     run.add_argument("--framework", choices=["steadyrl", "verl", "trl", "openrlhf"],
                      help="whose key names the log uses (default: recognised from its keys)")  # fmt: skip
-    run.add_argument("--corrects-mu", type=_yes_no, metavar="yes|no",
-                     help="the method corrects against the sampler μ (default: from steadyrl's config, or the log)")
+    run.add_argument(
+        "--corrects-mu",
+        type=_yes_no,
+        metavar="yes|no",
+        help="the method corrects against the sampler μ (default: from steadyrl's config, or the log)",
+    )
     run.add_argument("--stale", type=_yes_no, metavar="yes|no", help="the sampler can lag the learner (no: lag 0)")
     run.add_argument("--staleness-bound", type=int, metavar="N", help="most versions a batch may lag the learner")
     run.add_argument("--allowed-reuse", type=int, default=None, metavar="N",

@@ -140,9 +140,7 @@ def steadyrl_facts(config_path: Path) -> RunFacts:
     )  # fmt: skip
 
 
-def read_run(
-    path: str | Path, *, framework: str | None = None, facts: Mapping[str, Any] | None = None
-) -> RunLog:
+def read_run(path: str | Path, *, framework: str | None = None, facts: Mapping[str, Any] | None = None) -> RunLog:
     """The run at ``path`` (see the module docstring); ``facts`` override what the config or the log says."""
     source = _find(Path(path))
     raw = _read(source)
@@ -157,6 +155,8 @@ def read_run(
         base = steadyrl_facts(config)
     else:
         clip_logged = any("loss/clip_frac" in r for r in rows)
-        base = RunFacts(corrects_behavior=keymaps.corrects_behavior(raw, fw), trust_region=True if clip_logged else None)
+        base = RunFacts(
+            corrects_behavior=keymaps.corrects_behavior(raw, fw), trust_region=True if clip_logged else None
+        )
     merged = RunFacts(**{**base.__dict__, **{k: v for k, v in (facts or {}).items() if v is not None}})
     return RunLog(rows, fw, merged, source)

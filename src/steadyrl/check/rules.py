@@ -135,7 +135,9 @@ def idle_clip(table: Table, facts: RunFacts) -> Finding:
         return Finding(name, "SKIP", None, f"no mismatch KL ({KL_K3} or {KL_K1}) logged")
     over = [(s, v) for s, v in kl if v > IDLE_CLIP_KL]
     if not over:
-        return Finding(name, "PASS", None, f"mismatch KL never over {IDLE_CLIP_KL} nat/token (max {max(v for _, v in kl):.3g})")
+        return Finding(
+            name, "PASS", None, f"mismatch KL never over {IDLE_CLIP_KL} nat/token (max {max(v for _, v in kl):.3g})"
+        )
     if facts.stale is False:
         return Finding(name, "PASS", None, "run without staleness (lag 0)")
     if facts.corrects_behavior:
