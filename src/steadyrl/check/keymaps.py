@@ -4,8 +4,8 @@ The names are taken from the installed packages' source (verl 0.9, TRL 1.16, Ope
 
 verl (``verl/trainer/ppo/rollout_corr_helper.py``, logged under ``rollout_corr/``; ``core_algos.py`` and the actor
 for ``actor/...``; ``trainer/ppo/v1/trainer_base.py`` for the staleness). ``rollout_corr/k3_kl`` is the k3 estimate of
-KL(π_rollout ‖ π_old) per token, exactly steadyrl's ``kl/k3``; ``rollout_corr/rollout_is_eff_sample_size`` is a token
-level ESS / N in [0, 1]. A logged ``rollout_corr/rollout_is_mean`` means IS against the sampler is on.
+KL(π_rollout ‖ π_old) per token, exactly steadyrl's ``kl/k3``; ``rollout_corr/rollout_is_eff_sample_size`` is the
+token-level ESS / N of its applied weights, steadyrl's ``is/ess_ratio_weights`` (``weights_ess=true``). A logged ``rollout_corr/rollout_is_mean`` means IS against the sampler is on.
 
 TRL (``trl/trainer/grpo_trainer.py``): ``clip_ratio/region_mean`` is the fraction of tokens out of the clip range
 against π_old; TRL's ``kl`` is the KL to the *reference* model, not the mismatch KL, so it is not mapped.
@@ -30,7 +30,7 @@ KEY_MAPS: dict[str, dict[str, str]] = {
         "training/global_step": "step",
         "rollout_corr/k3_kl": "kl/k3",
         "rollout_corr/kl": "kl/k1",
-        "rollout_corr/rollout_is_eff_sample_size": "is/ess_ratio",
+        "rollout_corr/rollout_is_eff_sample_size": "is/ess_ratio_weights",
         "actor/pg_clipfrac": "loss/clip_frac",
         "actor/pg_loss": "loss/policy",
         "actor/grad_norm": "grad/norm",

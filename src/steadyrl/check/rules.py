@@ -14,8 +14,9 @@ rule               verdict
                    region and has no correction against μ. WARN: where both out-of-clip fractions are logged, the
                    one against π_old below 0.1× the one against μ while the KL is over 0.05. PASS for methods that
                    correct against μ and for runs without staleness.
-``ess``            ours. FAIL: an ESS ratio outside [0, 1] (a broken metric). WARN: the collapse onset, the first
-                   of ``patience`` consecutive steps with the ESS ratio below the collapse guard's ``ess_floor``.
+``ess``            ours (``is/ess_ratio``, else ``is/ess_ratio_weights``). FAIL: an ESS ratio outside [0, 1] (a
+                   broken metric). WARN: the collapse onset, the first of ``patience`` consecutive steps with the
+                   ESS ratio below the collapse guard's ``ess_floor``.
 ``kl_spikes``      ours, the collapse guard's spike rule: WARN at the first step after the guard's ``warmup``
                    whose k3 mismatch KL exceeds max(``kl_factor`` × the median of the ``window`` steps before it,
                    ``kl_min``).
@@ -60,6 +61,8 @@ CLIP_FRAC = "loss/clip_frac"
 CLIP_FRAC_SAMPLER = "check/clip_frac_vs_sampler"
 """Fraction of tokens whose ratio π_θ/μ is out of the clip range."""
 ESS = "is/ess_ratio"
+ESS_WEIGHTS = "is/ess_ratio_weights"
+"""ESS / N of the applied (truncated) weights: read where a framework logs no sequence ESS (verl)."""
 LAG_MAX, AGE_MAX = "lag/max", "data/age_max"
 BATCH_HASH, DISTINCT, MAX_REUSE = "data/batch_hash", "data/distinct_batches", "data/max_reuse"
 SKIPPED = "train/skipped"
@@ -185,7 +188,7 @@ def idle_clip(table: Table, facts: RunFacts) -> Finding:
 def ess(table: Table, guard: GuardConfig) -> Finding:
     """ESS ratio out of [0, 1] (FAIL) and the collapse onset (WARN), see the module table."""
     name = "ess"
-    series = _series(table, ESS)
+    series = _series(table, ESS) or _series(table, ESS_WEIGHTS)
     if not series:
         return Finding(name, "SKIP", None, f"no ESS ratio ({ESS}) logged")
     bad = [(s, v) for s, v in series if not 0.0 <= v <= 1.0 + 1e-6]
