@@ -5,7 +5,8 @@ The names are taken from the installed packages' source (verl 0.9, TRL 1.16, Ope
 verl (``verl/trainer/ppo/rollout_corr_helper.py``, logged under ``rollout_corr/``; ``core_algos.py`` and the actor
 for ``actor/...``; ``trainer/ppo/v1/trainer_base.py`` for the staleness). ``rollout_corr/k3_kl`` is the k3 estimate of
 KL(π_rollout ‖ π_old) per token, exactly steadyrl's ``kl/k3``; ``rollout_corr/rollout_is_eff_sample_size`` is the
-token-level ESS / N of its applied weights, steadyrl's ``is/ess_ratio_weights`` (``weights_ess=true``). A logged ``rollout_corr/rollout_is_mean`` means IS against the sampler is on.
+token-level ESS / N of its applied weights, steadyrl's ``is/ess_ratio_weights`` (``weights_ess=true``).
+A logged ``rollout_corr/rollout_is_mean`` means IS against the sampler is on.
 
 TRL (``trl/trainer/grpo_trainer.py``): ``clip_ratio/region_mean`` is the fraction of tokens out of the clip range
 against π_old; TRL's ``kl`` is the KL to the *reference* model, not the mismatch KL, so it is not mapped.
