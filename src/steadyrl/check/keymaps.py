@@ -68,8 +68,9 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "trl": ("clip_ratio/region_mean", "frac_reward_zero_std", "completions/mean_length"),
     "openrlhf": ("ppo_clip_ratio", "policy_loss", "actor_lr"),
 }
-#: Prefixes a framework's logger adds (stripped before mapping).
-PREFIXES: dict[str, tuple[str, ...]] = {"openrlhf": ("train/",), "trl": ("train/",)}
+#: Prefixes a framework's logger adds (stripped before mapping; ``steadyrl/``: steadyrl's TRL adapter logs its own
+#: metrics under steadyrl's names with that prefix).
+PREFIXES: dict[str, tuple[str, ...]] = {"openrlhf": ("train/",), "trl": ("train/", "steadyrl/")}
 
 
 def _strip(key: str, framework: str) -> str:
