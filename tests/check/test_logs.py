@@ -66,3 +66,24 @@ def test_help_lists_the_command(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
         main(["check", "run", "--help"])
     assert "--staleness-bound" in capsys.readouterr().out
+
+
+def test_metric_names_write_a_framework_s_keys_beside_steadyrl_s(tmp_path: Path) -> None:
+    """``log.metric_names=verl``: the inverse of the key map, never overwriting a steadyrl key; the log still reads
+    as steadyrl's, with the same verdicts."""
+    from steadyrl.train.config import TrainConfig
+    from steadyrl.train.configio import load_config
+    from steadyrl.train.metric_names import framework_names
+
+    assert load_config(TrainConfig, overrides=["log.metric_names=verl"]).log.metric_names == "verl"
+    with pytest.raises(ValueError, match="metric_names"):
+        load_config(TrainConfig, overrides=["log.metric_names=megatron"])
+    record = {"step": 3, "kl/k3": 0.4, "loss/clip_frac": 0.0, "loss": 1.5, "loss/policy": 0.2, "lag/max": 2}
+    verl = framework_names(record, "verl")
+    assert verl["rollout_corr/k3_kl"] == 0.4 and verl["actor/pg_clipfrac"] == 0.0 and verl["actor/pg_loss"] == 0.2
+    assert "training/global_step" not in verl and verl["step"] == 3
+    assert framework_names(record, "trl")["loss"] == 1.5  # TRL's "loss" would be our loss/policy: ours stays
+    assert framework_names(record, "steadyrl") == record
+    rows = [framework_names(record | {"step": s, "loss/total": 1.0, "sample/version": 0}, "verl") for s in range(3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_run(tmp_path).framework == "steadyrl"

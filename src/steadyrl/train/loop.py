@@ -54,6 +54,7 @@ from steadyrl.train.evaluate import EvalResult, evaluate
 from steadyrl.train.learner import Learner
 from steadyrl.train.ledger import IDLE_CLIP_KL, BatchLedger, IdleClipAlarm
 from steadyrl.train.log_sinks import TRACKER_FILES, open_trackers, require_trackers
+from steadyrl.train.metric_names import framework_names
 from steadyrl.train.metrics import METRICS_FILE, TB_DIR, TIMINGS_FILE, MetricsOffsets, MetricsWriter, read_metrics
 from steadyrl.train.plot import PLOT_FILE, write_plot
 
@@ -506,7 +507,7 @@ def _train(
                     break
                 record = run.step(t)
                 action = run.guard.after_step(t, record, source=run.source)
-                writer.write(record)
+                writer.write(framework_names(record, cfg.log.metric_names))
                 last_acc = record.get("eval/acc", last_acc)
                 bar.set_postfix(_postfix(record, last_acc), refresh=False)
                 bar.update(1)
@@ -524,7 +525,8 @@ def _train(
         else:
             if guard_stop:
                 _say(f"[steadyrl train] the collapse guard stopped the run at step {t} ({guard_stop}); final eval")
-            writer.write({"step": t, "version": run.learner.version, **run.eval_record()})
+            final = {"step": t, "version": run.learner.version, **run.eval_record()}
+            writer.write(framework_names(final, cfg.log.metric_names))
     finally:
         writer.close()
         run.source.close()
