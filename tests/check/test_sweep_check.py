@@ -89,3 +89,13 @@ def test_a_fixed_key_that_differs_fails(tmp_path: Path) -> None:
     f = by_rule(write_sweep(tmp_path, planted_key=True))
     assert f["config_diff"].verdict == "FAIL" and "sampling.temperature" in f["config_diff"].message
     assert f["seeds"].verdict == "PASS" and f["data_order"].verdict == "PASS"
+
+
+def test_concurrent_runtimes_are_not_held_to_one_data_order(tmp_path: Path) -> None:
+    root = write_sweep(tmp_path, planted_seed=True)
+    for cfg in root.glob("*/config.yaml"):
+        data = yaml.safe_load(cfg.read_text())
+        data["runtime"]["mode"] = "local"
+        cfg.write_text(yaml.safe_dump(data))
+    f = by_rule(root)
+    assert f["data_order"].verdict == "SKIP" and f["seeds"].verdict == "FAIL"  # the seed check still holds

@@ -14,9 +14,10 @@ check              verdict
 ``seeds``          check 2: every run's ``seed`` is the seed ``runs.json`` gave it, and every key whose name holds
                    "seed" is equal across the runs of one seed. FAIL otherwise (a seed that never reached an arm).
 ``data_order``     check 2: the data-order fingerprint of a run is the hash of its sequence of per-step prompt
-                   hashes (``data/prompt_hash``, logged by every runtime) over the steps all runs logged. Runs that
-                   share a seed, task, data settings, prompts per step and runtime mode must share it. FAIL when
-                   one differs.
+                   hashes (``data/prompt_hash``, logged by every runtime) over the steps all runs logged. Runs of
+                   ``runtime.mode=lag`` that share a seed, task, data settings and prompts per step must share it
+                   (the concurrent runtimes batch by arrival, so their batches follow timing). FAIL when one
+                   differs.
 ``paired``         check 6: per arm, the paired per-seed differences of the final eval accuracy from the
                    reference arm (``runs.json``'s lag-0 ``grpo``, else the first arm), with their mean. WARN when
                    an arm has seeds without a reference partner.
@@ -45,7 +46,7 @@ SWEEP_NAME = "sweep.yaml"
 #: Top-level keys that never change a result (the sweep's own config hash leaves them out too).
 IGNORED = ("out_dir", "resume", "overwrite", "log", "checkpoint", "runtime.threads")
 #: Keys that decide which prompts a step gets (with the seed).
-DATA_KEYS = ("task", "data", "prompts_per_step", "runtime.mode")
+DATA_KEYS = ("task", "data", "prompts_per_step")
 
 
 class SweepCheckError(ValueError):
@@ -183,8 +184,12 @@ def data_order(runs: Sequence[_Run]) -> Finding:
     """Runs with the same seed and data settings saw the same prompts in the same order."""
     groups: dict[str, list[_Run]] = defaultdict(list)
     for r in runs:
+        if r.config.get("runtime.mode", "lag") != "lag":  # concurrent runtimes batch by timing: no fixed order
+            continue
         data = {k: v for k, v in r.config.items() if _under(k, DATA_KEYS)}
         groups[json.dumps([r.seed, data], sort_keys=True, default=str)].append(r)
+    if not groups:
+        return Finding("data_order", "SKIP", None, "no run of runtime.mode=lag (concurrent runtimes batch by timing)")
     lines = []
     for group in groups.values():
         hashes = {r.name: r.prompt_hashes() for r in group}
