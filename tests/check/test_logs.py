@@ -71,8 +71,8 @@ def test_help_lists_the_command(capsys: pytest.CaptureFixture) -> None:
 def test_metric_names_write_a_framework_s_keys_beside_steadyrl_s(tmp_path: Path) -> None:
     """``log.metric_names=verl``: the inverse of the key map, never overwriting a steadyrl key; the log still reads
     as steadyrl's, with the same verdicts."""
-    from steadyrl.train.config import TrainConfig
-    from steadyrl.train.configio import load_config
+    from steadyrl.config.io import load_config
+    from steadyrl.config.train import TrainConfig
     from steadyrl.train.metric_names import framework_names
 
     assert load_config(TrainConfig, overrides=["log.metric_names=verl"]).log.metric_names == "verl"

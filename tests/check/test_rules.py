@@ -8,7 +8,7 @@ import math
 import pytest
 
 from steadyrl.check.rules import RunFacts, batch_reuse, check_table, counters, idle_clip, nan_steps, staleness, worst
-from steadyrl.train.guard import GuardConfig
+from steadyrl.config.guard import GuardConfig
 
 UNCORRECTED = RunFacts(corrects_behavior=False, trust_region=True, stale=True, staleness_bound=4)
 

@@ -11,9 +11,9 @@ import yaml
 
 from steadyrl.check.sweep import check_sweep
 from steadyrl.cli import main
+from steadyrl.config.io import load_config
+from steadyrl.config.train import TrainConfig
 from steadyrl.runtime.order import problem_order
-from steadyrl.train.config import TrainConfig
-from steadyrl.train.configio import load_config
 from steadyrl.train.ledger import tensor_hash
 
 METHODS, LRS, SEEDS, STEPS = ("grpo", "seq_tis"), (1e-3, 3e-3), (0, 1), 4

@@ -117,8 +117,8 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 def steadyrl_facts(config_path: Path) -> RunFacts:
     """What a steadyrl run's ``config.yaml`` says: the method's claims, staleness and its bound in versions."""
-    from steadyrl.train.config import TrainConfig
-    from steadyrl.train.configio import load_config
+    from steadyrl.config.io import load_config
+    from steadyrl.config.train import TrainConfig
     from steadyrl.train.loop import is_stale
 
     cfg = load_config(TrainConfig, path=config_path)

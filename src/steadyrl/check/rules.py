@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from steadyrl.train.guard import GuardConfig
+from steadyrl.config.guard import GuardConfig
 from steadyrl.train.ledger import IDLE_CLIP_KL, IDLE_RATIO_TOL, OUT_OF_CLIP_FACTOR
 
 Verdict = Literal["PASS", "WARN", "FAIL", "SKIP"]
