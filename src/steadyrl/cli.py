@@ -40,8 +40,14 @@ def _report(argv: list[str]) -> int:
     return report_main(argv)
 
 
+def _check(argv: list[str]) -> int:
+    from steadyrl.check.entry import main as check_main
+
+    return check_main(argv)
+
+
 #: Commands that need an extra beyond the core (``methods`` and ``demo`` run on the core alone).
-NEEDS_EXTRA = {"train": "train", "sweep": "train", "report": "train"}
+NEEDS_EXTRA = {"train": "train", "sweep": "train", "report": "train", "check": "train"}
 
 COMMANDS = {
     "methods": (_methods, "list the methods (objectives, corrections, baselines, controllers) and their papers"),
@@ -49,6 +55,7 @@ COMMANDS = {
     "train": (_train, "RL-train a causal LM on a verifiable task at a chosen policy lag"),
     "sweep": (_sweep, "run a grid of train runs (methods x lags x seeds) in parallel; results.csv, summary"),
     "report": (_report, "one self-contained HTML report (embedded plots) of a sweep or run directory"),
+    "check": (_check, "setup checks of a run, a sweep or a framework's losses (idle clip, batch reuse, fair arms)"),
 }
 
 

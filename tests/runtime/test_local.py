@@ -38,6 +38,15 @@ def test_max_staleness_bounds_every_trained_sample(tiny_overrides: list[str], tm
     assert max(r["lag/max"] for r in recs) <= 2
     assert max(r["lag/max"] for r in recs) >= 1  # the sampler did run ahead
     assert sum(r["pool/dropped"] for r in recs) == 0  # admission control, not dropping, kept the bound
+    # the batch ledger: ten distinct batches, none consumed twice; `steadyrl check run` reads the bound from the config
+    assert [r["data/distinct_batches"] for r in recs] == list(range(1, 11))
+    assert {r["data/max_reuse"] for r in recs} == {1}
+    from steadyrl.check.logs import read_run
+    from steadyrl.check.rules import check_table
+
+    log = read_run(out)
+    verdicts = {f.rule: f.verdict for f in check_table(log.rows, log.facts)}
+    assert log.facts.staleness_bound == 2 and verdicts["staleness"] == verdicts["batch_reuse"] == "PASS"
 
 
 def test_killed_sampler_is_restarted_and_no_rollout_is_lost_or_trained_twice(

@@ -516,6 +516,12 @@ class LogConfig(_Section):
         max_length=500,
         description="MLflow experiment (created if missing); the run is named after out_dir.",
     )
+    metric_names: Literal["steadyrl", "verl", "trl", "openrlhf"] = Field(
+        "steadyrl",
+        description="Also write each metric under that framework's key name where it has one (verl: "
+        "kl/k3 also as rollout_corr/k3_kl, ...), so its dashboards read a steadyrl run; steadyrl's keys stay. "
+        "The names are steadyrl.train.metric_names' maps (docs/check.md).",
+    )
 
 
 class TrainConfig(_Section):

@@ -52,7 +52,9 @@ from steadyrl.train import checkpoint as ckpt
 from steadyrl.train.collapse_guard import GUARD_FILE, CollapseGuard
 from steadyrl.train.evaluate import EvalResult, evaluate
 from steadyrl.train.learner import Learner
+from steadyrl.train.ledger import IDLE_CLIP_KL, BatchLedger, IdleClipAlarm
 from steadyrl.train.log_sinks import TRACKER_FILES, open_trackers, require_trackers
+from steadyrl.train.metric_names import framework_names
 from steadyrl.train.metrics import METRICS_FILE, TB_DIR, TIMINGS_FILE, MetricsOffsets, MetricsWriter, read_metrics
 from steadyrl.train.plot import PLOT_FILE, write_plot
 
@@ -150,6 +152,15 @@ class Summary(NamedTuple):
                 f"  config:  {out_dir / CONFIG_FILE}",
             ]
         )
+
+
+def is_stale(cfg: TrainConfig) -> bool:
+    """Whether the run's sampler can lag its learner (False: lag 0 on the pipeline schedule, periodic refresh every
+    step, or a synchronous concurrent runtime)."""
+    rt = cfg.runtime
+    if rt.mode == "lag":
+        return cfg.lag > 0 if rt.schedule == "pipeline" else rt.refresh_every > 1
+    return not rt.sync
 
 
 def _staleness(cfg: TrainConfig) -> str:
@@ -335,6 +346,9 @@ class _Run:
         self.guard = CollapseGuard(
             cfg.guard, out_dir=Path(cfg.out_dir), model=self.model, learner=self.learner, base_lr=cfg.lr, say=_say
         )
+        self.ledger = BatchLedger()
+        self.idle_clip = IdleClipAlarm.for_method(self.method, stale=is_stale(cfg))
+        self.idle_clip_said = False
 
     def state(self, *, step: int, offsets: MetricsOffsets) -> dict[str, Any]:
         return {
@@ -346,6 +360,7 @@ class _Run:
             "metrics": offsets._asdict(),
             "config": self.cfg.model_dump(mode="json"),
             "guard": self.guard.state_dict(),
+            "ledger": self.ledger.state_dict(),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -354,6 +369,8 @@ class _Run:
         self.source.load_state_dict(state["source"])
         if "guard" in state:  # after the learner: it re-applies the tightening of past rollbacks
             self.guard.load_state_dict(state["guard"])
+        if "ledger" in state:
+            self.ledger.load_state_dict(state["ledger"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(_as_tuple(state["rng"]["python"]))
 
@@ -398,6 +415,18 @@ class _Run:
         lengths = rollouts.response_mask.sum(dim=-1).float()
         record |= out.metrics
         record |= batch.metrics
+        record |= self.ledger.record(
+            prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask, response_ids=rollouts.response_ids,
+            response_mask=rollouts.response_mask, versions=rollouts.versions, learner_version=record["version"],
+        )  # fmt: skip
+        record["check/idle_clip"] = self.idle_clip(record)
+        if record["check/idle_clip"] and not self.idle_clip_said:
+            self.idle_clip_said = True
+            _say(
+                f"[steadyrl check] step {t}: idle clip: mismatch KL {record['kl/k3']:.3g} > {IDLE_CLIP_KL} nat/token "
+                f"while the ratio to π_prox is 1 on every token; {self.method.name!r} has no correction against μ, "
+                "so its clip does not bound the update (use a corrected method, e.g. seq_tis, or several updates)"
+            )
         if self.cfg.tools.enabled and "tool/calls_mean" not in batch.metrics:  # a source without per-row tool counts
             record |= tool_metrics_from_rollouts(rollouts)
         record |= {
@@ -478,7 +507,7 @@ def _train(
                     break
                 record = run.step(t)
                 action = run.guard.after_step(t, record, source=run.source)
-                writer.write(record)
+                writer.write(framework_names(record, cfg.log.metric_names))
                 last_acc = record.get("eval/acc", last_acc)
                 bar.set_postfix(_postfix(record, last_acc), refresh=False)
                 bar.update(1)
@@ -496,7 +525,8 @@ def _train(
         else:
             if guard_stop:
                 _say(f"[steadyrl train] the collapse guard stopped the run at step {t} ({guard_stop}); final eval")
-            writer.write({"step": t, "version": run.learner.version, **run.eval_record()})
+            final = {"step": t, "version": run.learner.version, **run.eval_record()}
+            writer.write(framework_names(final, cfg.log.metric_names))
     finally:
         writer.close()
         run.source.close()
