@@ -308,7 +308,7 @@ class Learner:
         if self.grad_norms != "fused":  # a separate pass first (the benchmark's reference points)
             norms = per_trajectory_grad_sq_norms(self.model, sub, method=self.grad_norms, temperature=self.temperature)
             return self._logp(self.model, sub), norms, None
-        ghost = GhostPass(self.model, sub, temperature=self.temperature)
+        ghost = GhostPass(self.model, sub, temperature=self.temperature, share_prompts=self.optim_cfg.share_prompts)
         # The loss sees a leaf copy of logp: its gradient ∂L/∂logp decides how the fused pass forms ∇θ L.
         return ghost.logp.detach().requires_grad_(), ghost.sq_norms(), ghost
 
@@ -399,7 +399,11 @@ class Learner:
             mb = sub.select(rows)
             if wants_norms:
                 if self.grad_norms == "fused":
-                    with self._forward_context(grad=True), GhostPass(self.model, mb, temperature=self.temperature) as g:
+                    share = self.optim_cfg.share_prompts
+                    with (
+                        self._forward_context(grad=True),
+                        GhostPass(self.model, mb, temperature=self.temperature, share_prompts=share) as g,
+                    ):
                         norms.append((rows, g.sq_norms()))
                         logps.append((rows, g.logp.detach()))
                     continue
