@@ -62,6 +62,7 @@ def per_trajectory_grad_sq_norms(
     top_p: float = TOP_P_OFF,
     ghost_strategy: GhostStrategy | str = "auto",
     vmap_chunk_size: int = DEFAULT_VMAP_CHUNK_SIZE,
+    share_prompts: bool = False,
 ) -> Float[Tensor, " N"]:
     """n_i = ‖∇_θ w_i Σ_t m_{i,t} log π_θ(y_{i,t})‖² for every trajectory of a token batch (VCPO, OPOB's ‖∇‖²).
 
@@ -81,6 +82,8 @@ def per_trajectory_grad_sq_norms(
     ``top_k``, ``top_p``
     ``ghost_strategy``           ``auto`` (cheaper of Gram / materialized per parameter) | ``gram`` | ``materialize``
     ``vmap_chunk_size``          trajectories per ``vmap`` chunk (``method="vmap"`` only)
+    ``share_prompts``            ``method="ghost"`` only: forward each distinct prompt once (:class:`GhostPass`);
+                                 the same norms up to float rounding
     ===================  ======  =====================================================================================
 
     Returns ``[N]`` detached, float32 (float64 for a float64 model), summed over all trainable parameters; rows
@@ -104,6 +107,11 @@ def per_trajectory_grad_sq_norms(
     dtype = core._result_dtype(model)
     if N == 0 or not core._trainable(model):
         return torch.zeros(N, dtype=dtype, device=batch.response_ids.device)
+    if method == "ghost" and share_prompts:
+        with torch.enable_grad(), GhostPass(model, batch, mask=m, strategy=ghost_strategy, share_prompts=True,
+                                            **score) as ghost:  # fmt: skip
+            out = ghost.sq_norms().to(dtype)
+        return (out if weights is None else out * weights.detach().to(dtype).square()).detach()
     if method == "ghost":
         return core.per_trajectory_grad_sq_norms(
             model, _logp_fn(batch, score), m, weights=weights, ghost_strategy=ghost_strategy
@@ -191,8 +199,7 @@ class GhostPass(core.GhostPass):
         slots, rank = _group_slots(inverse, view.before[0].shape[0])
         per_rank = []
         for k in range(slots.shape[0]):  # the k-th row of every group at once (U rows: one prompt backward)
-            idx = slots[k]
-            cot = [_take(d, idx) for _, d in joined]
+            cot = [_take(d, slots[k]) for _, d in joined]
             per_rank.append(torch.autograd.grad([b for b, _ in joined], [c.output for c in prompt], grad_outputs=cot,
                                                 allow_unused=True, retain_graph=True))  # fmt: skip
         for j, call in enumerate(prompt):
