@@ -11,7 +11,8 @@ ratios are against the first method and against one sampling call of the same ba
 
 A method may end in ``@fused`` (default), ``@fused_shared``, ``@ghost``, ``@vmap`` or ``@naive``: how the learner gets
 the per-trajectory gradient norms of VCPO's baseline (``Learner(grad_norms=...)``): fused into the step's own forward
-and backward (``fused_shared``: on the shared-prompt forward, each distinct prompt once), or a separate pass first (``naive`` = one backward per trajectory, the VCPO authors' micro-batch-1 method).
+and backward (``fused_shared``: on the shared-prompt forward, each distinct prompt once), or a separate pass first
+(``naive`` = one backward per trajectory, the VCPO authors' micro-batch-1 method).
 
     .venv/bin/python benchmarks/learner_step.py [--threads 2] [--repeats 20] [--methods grpo,vcpo,vcpo@naive]
     .venv/bin/python benchmarks/learner_step.py --prompts 8     # 8 x G=8 = 64 trajectories
