@@ -6,7 +6,9 @@ learner's own recompute, :func:`steadyrl.rollout.logprobs.sequence_logprobs` (th
 ``response_mask`` (tool-output tokens, ``tool_mask``, are attended as in the learner's forward but never in ℓ_i).
 Three methods:
 
-- ``"ghost"`` (default): :class:`GhostPass`, one forward and one backward over the batch (the core's method).
+- ``"ghost"`` (default): :class:`GhostPass`, one forward and one backward over the batch (the core's method);
+  ``share_prompts=True`` runs that forward with each distinct prompt once and splits the backward where the prompt
+  joins the rows, so the norms stay exact (:class:`GhostPass`).
 - ``"vmap"``: ``torch.func`` — ``vmap`` over trajectories of ``grad`` of a ``functional_call`` of the whole learner
   forward, ``chunk_size`` trajectories at a time (each chunk holds its per-sample gradients). Hugging Face's mask
   builder branches on the mask's values, which ``vmap`` cannot trace, so during the call the model runs on an
