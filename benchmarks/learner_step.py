@@ -9,9 +9,10 @@ controllers, clipping, AdamW (:class:`steadyrl.train.learner.Learner`). Times ar
 after ``--warmup`` steps, the methods interleaved (one step of each in turn) so that load changes hit all alike;
 ratios are against the first method and against one sampling call of the same batch.
 
-A method may end in ``@fused`` (default), ``@ghost``, ``@vmap`` or ``@naive``: how the learner gets the
-per-trajectory gradient norms of VCPO's baseline (``Learner(grad_norms=...)``): fused into the step's own forward and
-backward, or a separate pass first (``naive`` = one backward per trajectory, the VCPO authors' micro-batch-1 method).
+A method may end in ``@fused`` (default), ``@fused_shared``, ``@ghost``, ``@vmap`` or ``@naive``: how the learner gets
+the per-trajectory gradient norms of VCPO's baseline (``Learner(grad_norms=...)``): fused into the step's own forward
+and backward (``fused_shared``: on the shared-prompt forward, each distinct prompt once), or a separate pass first
+(``naive`` = one backward per trajectory, the VCPO authors' micro-batch-1 method).
 
     .venv/bin/python benchmarks/learner_step.py [--threads 2] [--repeats 20] [--methods grpo,vcpo,vcpo@naive]
     .venv/bin/python benchmarks/learner_step.py --prompts 8     # 8 x G=8 = 64 trajectories
@@ -20,9 +21,14 @@ backward, or a separate pass first (``naive`` = one backward per trajectory, the
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import platform
 import statistics
+import subprocess
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -35,7 +41,28 @@ from steadyrl.tasks import build_task
 from steadyrl.train.learner import Learner
 from timing import timed
 
-DEFAULT_METHODS = "grpo,seq_tis,seq_tis+ess_lr,seq_tis+gac,vcpo,vcpo@ghost,vcpo@naive"
+DEFAULT_METHODS = "grpo,seq_tis,seq_tis+ess_lr,seq_tis+gac,vcpo,vcpo@fused_shared,vcpo@ghost,vcpo@naive"
+
+
+def provenance() -> str:
+    """One line for the record: UTC date, commit (``+dirty`` with uncommitted changes), machine and CPU count."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("model name")]  # fmt: skip
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{date}, commit {commit}, {platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} CPUs"
 
 
 def main() -> None:
@@ -67,6 +94,7 @@ def main() -> None:
     rewards = (torch.arange(len(rollouts)) % 3 == 0).float()
     sample_s = timed(sample, repeats=args.repeats, warmup=args.warmup).median
     B, T = rollouts.response_ids.shape
+    print(provenance())
     print(f"default model: {params / 1e6:.2f}M parameters, {args.threads} thread(s); batch {args.prompts} prompts "
           f"x G={args.group_size} = {B} responses, T={T} tokens")
     names = args.methods.split(",")

@@ -202,12 +202,15 @@ class _Outer:
     """Per-sample gradient G_i = Σ_s u_{i,s} w_{i,s}ᵀ of an [R, C] matrix parameter.
 
     ``u``: [N, S, R] dense (Linear: output gradients), or [N, S] integer rows (Embedding: one-hot of the ids);
-    ``w``: [N, S, C] (Linear: inputs; Embedding: output gradients).
+    ``w``: [N, S, C] (Linear: inputs; Embedding: output gradients), or with ``group`` [N] (dense ``u`` only) the
+    [U, S, C] inputs of a call that ran once for several samples (a shared prompt): sample i's factor is
+    ``w[group[i]]``, its ``u`` row its own output gradient.
     """
 
     u: Tensor
     w: Tensor
     rows: int
+    group: Tensor | None = None
 
     @property
     def indexed(self) -> bool:
@@ -219,6 +222,9 @@ class _Dense:
     """A materialized per-sample gradient ``g`` [N, *shape] (biases, norm weights, generic modules)."""
 
     g: Tensor
+    #: 0-dim bool tensor, False when the fast path's re-run did not reproduce the recorded output (then the generic
+    #: path replaces it); read to the host once per pass for all modules together. None: nothing to check.
+    exact: Tensor | None = None
 
 
 _Contribution = _Outer | _Dense
@@ -266,6 +272,7 @@ class GhostPass:
         self.N = mask.shape[0]
         owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
         calls: list[_Call] = []
+        self._recorded = calls  # every recorded call in order (a subclass's forward may mark where a phase ends)
         handles = [m.register_forward_hook(_recorder(calls), with_kwargs=True) for m in owners]
         try:
             with torch.enable_grad():
@@ -288,11 +295,22 @@ class GhostPass:
 
     def close(self) -> None:
         """Release the graph, the recorded calls and the per-sample contributions."""
-        self._calls, self._contributions, self._params = [], {}, {}
+        self._calls, self._recorded, self._contributions, self._params = [], [], {}, {}
         self.logp = self.logp.detach()
 
     def _objective_sum(self) -> Tensor:
         return masked_row_sums(self.logp, self.mask).sum()  # Σ_i ℓ_i
+
+    def _output_grads(self, loss: Tensor) -> list[tuple[_Call, Tensor | None, Tensor | None]]:
+        """(call, ∂(Σ_i ℓ_i)/∂output with row i = ∂ℓ_i/∂output_i [N, ...], row map) for every recorded call.
+
+        One backward to the recorded module outputs only (samples independent); the weights' batch gradients are
+        never formed and the graph is kept for :meth:`backward`. The row map is None here; a subclass whose forward
+        runs some calls once for several samples returns ``group`` [N] for them (output gradient row i belongs to
+        the call's input row ``group[i]``).
+        """
+        out_grads = torch.autograd.grad(loss, [c.output for c in self._calls], allow_unused=True, retain_graph=True)
+        return [(call, g, None) for call, g in zip(self._calls, out_grads, strict=True)]
 
     def _record(self) -> dict[int, list[_Contribution]]:
         if self._contributions is not None:
@@ -301,21 +319,26 @@ class GhostPass:
         loss = self._objective_sum()
         if not self._calls or not loss.requires_grad:
             return self._contributions
-        # One backward: gradients w.r.t. the recorded module outputs only (row i = ∂ℓ_i/∂output_i, samples
-        # independent); the weights' batch gradients are never formed. The graph is kept for :meth:`backward`.
-        out_grads = torch.autograd.grad(loss, [c.output for c in self._calls], allow_unused=True, retain_graph=True)
-        for call, g in zip(self._calls, out_grads, strict=True):
+        found: list[tuple[nn.Parameter, _Contribution, _Call, Tensor]] = []
+        for call, g, group in self._output_grads(loss):
             if _versions(call.output, call.args, call.kwargs) != call.versions:
                 raise RuntimeError(
                     f"{type(call.module).__name__}: a recorded tensor was modified in place after the call"
                 )
             if g is None:
                 continue
-            if call.output.shape[0] != self.N:
+            if g.shape[0] != self.N or (group is None and call.output.shape[0] != self.N):
                 raise ValueError(f"{type(call.module).__name__}: output {tuple(call.output.shape)} is not batch-first")
-            for param, contribution in _per_sample(call, g):
-                self._contributions.setdefault(id(param), []).append(contribution)
-                self._params[id(param)] = param
+            if group is not None and not _plain_linear(call.module):
+                call, group = _gathered(call, group), None  # the call's inputs repeated per sample
+            found.extend((param, c, call, g) for param, c in _per_sample(call, g, group))
+        checks = [c.exact for _, c, _, _ in found if isinstance(c, _Dense) and c.exact is not None]
+        redo = bool(checks) and not bool(torch.stack(checks).all())  # one host read for the whole pass
+        for param, c, call, g in found:
+            if redo and isinstance(c, _Dense) and c.exact is not None and not bool(c.exact):
+                c = next(d for q, d in _generic_per_sample(call, g) if q is param)
+            self._contributions.setdefault(id(param), []).append(c)
+            self._params[id(param)] = param
         return self._contributions
 
     def sq_norms(self) -> Tensor:
@@ -355,7 +378,7 @@ def _weighted_sum(c: _Contribution, coef: Tensor, cache: dict[tuple[Any, ...], T
     """
     if isinstance(c, _Dense):
         return torch.einsum("n,n...->...", coef.to(c.g.dtype), c.g)
-    N, S, C = c.w.shape
+    (N, S), C = c.u.shape[:2], c.w.shape[2]
 
     def scale(x: Tensor) -> Tensor:
         key = (x.data_ptr(), tuple(x.shape), x.stride())
@@ -365,6 +388,9 @@ def _weighted_sum(c: _Contribution, coef: Tensor, cache: dict[tuple[Any, ...], T
 
     if c.indexed:  # Σ_{i,s} onehot(id_{i,s}) (c_i w_{i,s})ᵀ
         return c.w.new_zeros(c.rows, C).index_add_(0, c.u.reshape(-1), scale(c.w).reshape(N * S, C))
+    if c.group is not None:  # Σ_U (Σ_{i in U} c_i u_{i,s}) w_{U,s}ᵀ: the shared factor once per group
+        summed = c.u.new_zeros(c.w.shape[0], *c.u.shape[1:]).index_add_(0, c.group, scale(c.u))
+        return summed.reshape(-1, c.rows).transpose(0, 1) @ c.w.reshape(-1, C)
     u, w = (scale(c.u), c.w) if c.rows <= C else (c.u, scale(c.w))
     return u.reshape(N * S, c.rows).transpose(0, 1) @ w.reshape(N * S, C)  # Σ_{i,s} c_i u_{i,s} w_{i,s}ᵀ
 
@@ -383,17 +409,38 @@ def _versions(output: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return (output._version, *(x._version for x in leaves if isinstance(x, Tensor)))
 
 
-def _per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Contribution]]:
-    """(parameter, its per-sample gradient from this call) for the trainable direct parameters of ``call.module``."""
+def _plain_linear(module: nn.Module) -> bool:
+    """An ``nn.Linear`` computing x Wᵀ + b (steadyrl.base.device's float32 output layer is the same map)."""
+    plain = type(module).forward is nn.Linear.forward or getattr(module, "computes_linear", False)
+    return isinstance(module, nn.Linear) and bool(plain)
+
+
+def _gathered(call: _Call, group: Tensor) -> _Call:
+    """``call`` as if it had run on every sample: batch-first tensor arguments and the output indexed by ``group``."""
+    U = call.output.shape[0]
+
+    def take(x: Any) -> Any:
+        return x[group] if isinstance(x, Tensor) and x.dim() > 0 and x.shape[0] == U else x
+
+    args, kwargs = tree_map(take, (call.args, call.kwargs))
+    output = call.output[group]
+    return _Call(call.module, args, kwargs, output, _versions(output, args, kwargs))
+
+
+def _per_sample(call: _Call, g: Tensor, group: Tensor | None = None) -> list[tuple[nn.Parameter, _Contribution]]:
+    """(parameter, its per-sample gradient from this call) for the trainable direct parameters of ``call.module``.
+
+    ``group`` [N] (plain Linear only): the call ran on U input rows, output gradient row i belongs to input row
+    ``group[i]`` (the input factor is kept at U rows, :class:`_Outer`)."""
     module, N = call.module, g.shape[0]
     x = call.args[0] if call.args else next(iter(call.kwargs.values()), None)
-    plain = type(module).forward is nn.Linear.forward or getattr(module, "computes_linear", False)
-    if isinstance(module, nn.Linear) and plain:  # (steadyrl.base.device's float32 output layer is the same map)
-        a = _full(x.detach()).reshape(N, -1, module.in_features)  # a_{i,s}: [N, S, in]
+    if _plain_linear(module):
+        U = N if group is None else x.shape[0]
+        a = _full(x.detach()).reshape(U, -1, module.in_features)  # a_{i,s}: [N, S, in] (or [U, S, in] shared)
         gg = _full(g).reshape(N, -1, module.out_features)  # g_{i,s}: [N, S, out]
         out: list[tuple[nn.Parameter, _Contribution]] = []
-        if module.weight.requires_grad:
-            out.append((module.weight, _Outer(u=gg, w=a, rows=module.out_features)))  # ∇W_i = Σ_s g_s a_sᵀ
+        if module.weight.requires_grad:  # ∇W_i = Σ_s g_s a_sᵀ
+            out.append((module.weight, _Outer(u=gg, w=a, rows=module.out_features, group=group)))
         if module.bias is not None and module.bias.requires_grad:
             out.append((module.bias, _Dense(gg.sum(dim=1))))  # ∇b_i = Σ_s g_s
         return out
@@ -414,9 +461,10 @@ def _rms_norm_per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Co
 
     The module is re-run with its weight broadcast per sample ([N, 1, …, 1, D]); the vjp of that call with the
     output gradient gives every sample's gradient at once (the scale multiplies the normalized input elementwise, so
-    row i of the output depends on copy i only). Used only when the re-run reproduces the recorded output exactly;
-    otherwise (None) the generic per-row vjp runs, as it does for a module that refuses the broadcast weight
-    (``torch.nn.RMSNorm`` checks the weight's shape).
+    row i of the output depends on copy i only). Used only when the re-run reproduces the recorded output exactly:
+    the check is returned as ``exact`` and read once per pass for all modules together (where it fails, the generic
+    per-row vjp replaces it); None for a module that refuses the broadcast weight (``torch.nn.RMSNorm`` checks the
+    weight's shape) — the generic path runs then too.
     """
     module, N = call.module, g.shape[0]
     params = dict(module.named_parameters(recurse=False))
@@ -432,10 +480,11 @@ def _rms_norm_per_sample(call: _Call, g: Tensor) -> list[tuple[nn.Parameter, _Co
             out = functional_call(module, {"weight": per_sample}, args, kwargs)
         except RuntimeError:
             return None
-        if out.shape != call.output.shape or not torch.equal(out.detach(), call.output.detach()):
+        if out.shape != call.output.shape or out.dtype != call.output.dtype:
             return None
+        exact = (out.detach() == call.output.detach()).all()  # read for all modules at once (GhostPass._record)
         (grad_w,) = torch.autograd.grad(out, per_sample, grad_outputs=g.to(out.dtype))
-    return [(weight, _Dense(_full(grad_w.reshape(N, -1))))]
+    return [(weight, _Dense(_full(grad_w.reshape(N, -1)), exact=exact))]
 
 
 def _full(t: Tensor) -> Tensor:
@@ -502,7 +551,7 @@ def _bmm_t(x: Tensor, y: Tensor, cache: dict[tuple[Any, ...], Tensor]) -> Tensor
 
 def _outer_inner(a: _Outer, b: _Outer, grams: dict[tuple[Any, ...], Tensor]) -> Tensor:
     """⟨Σ_s u_s w_sᵀ, Σ_t u'_t w'_tᵀ⟩_F = Σ_{s,t} (u_s·u'_t)(w_s·w'_t) per sample: [N]."""
-    N, Sa, Sb = a.w.shape[0], a.w.shape[1], b.w.shape[1]
+    N, Sa, Sb = a.u.shape[0], a.w.shape[1], b.w.shape[1]
     if a.indexed and b.indexed:
         U = (a.u.unsqueeze(2) == b.u.unsqueeze(1)).to(a.w.dtype)  # onehot(id_s)·onehot(id'_t) = [id_s = id'_t]
     elif a.indexed:
@@ -511,19 +560,33 @@ def _outer_inner(a: _Outer, b: _Outer, grams: dict[tuple[Any, ...], Tensor]) -> 
         U = torch.gather(a.u, 2, b.u.unsqueeze(1).expand(N, Sa, Sb))  # u_s[id'_t]
     else:
         U = torch.bmm(a.u, b.u.transpose(1, 2))  # u_s·u'_t
-    W = _bmm_t(a.w, b.w, grams)  # w_s·w'_t
+    if a.group is not None and a.group is b.group:  # both factors shared the same way: the Gram once per group
+        W = _bmm_t(a.w, b.w, grams)[a.group]
+    else:
+        W = _bmm_t(_sample_w(a, grams), _sample_w(b, grams), grams)  # w_s·w'_t
     return (U * W).sum(dim=(1, 2))
+
+
+def _sample_w(c: _Outer, cache: dict[tuple[Any, ...], Tensor]) -> Tensor:
+    """``c.w`` per sample [N, S, C] (a shared factor indexed by its group once, cached)."""
+    if c.group is None:
+        return c.w
+    key = ("rows", c.w.data_ptr(), tuple(c.w.shape), c.w.stride(), id(c.group))
+    if key not in cache:
+        cache[key] = c.w[c.group]
+    return cache[key]
 
 
 def _materialize(c: _Contribution) -> Tensor:
     """The per-sample gradient flattened to [N, numel]."""
     if isinstance(c, _Dense):
         return c.g.reshape(c.g.shape[0], -1)
-    N, S, C = c.w.shape
+    (N, S), C = c.u.shape[:2], c.w.shape[2]
     if c.indexed:
         G = c.w.new_zeros(N, c.rows, C).scatter_add_(1, c.u.unsqueeze(-1).expand(N, S, C), c.w)  # Σ_s onehot(id_s) w_s
     else:
-        G = torch.bmm(c.u.transpose(1, 2), c.w)  # Σ_s u_s w_sᵀ: [N, R, C]
+        w = c.w if c.group is None else c.w[c.group]
+        G = torch.bmm(c.u.transpose(1, 2), w)  # Σ_s u_s w_sᵀ: [N, R, C]
     return G.reshape(N, -1)
 
 

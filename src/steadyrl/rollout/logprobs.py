@@ -41,13 +41,16 @@ Confidence: [exact] (a forward pass; the distribution is that of :mod:`steadyrl.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from steadyrl.base.device import Float32OutputLinear
 from steadyrl.core.advantages.otb import sum_squared_probs
@@ -387,6 +390,40 @@ def _checkpointing(model: PreTrainedModel) -> bool:
     return bool(getattr(model, new if hasattr(type(model), new) else "is_gradient_checkpointing", False))
 
 
+class SharedPrefill(NamedTuple):
+    """Where :func:`_shared_prompt_outputs` joins the U distinct prompts' forward to the N rows' (for observers).
+
+    ``inverse`` [N]: row i's prompt. ``before``: the prompt forward's outputs that the rows read, the KV cache's
+    tensors ([U, ...] each) and the prefill's last output ``[U, 1, ·]`` last; ``after``: the same indexed to the
+    rows (``before[j][inverse]``, [N, ...] each; the gradient of row i flows into its prompt through these only).
+    """
+
+    inverse: Tensor
+    before: list[Tensor]
+    after: list[Tensor]
+
+
+#: Set by :func:`observe_shared_prefill`: called once per shared-prompt forward with its :class:`SharedPrefill`.
+_PREFILL_OBSERVER: ContextVar[Callable[[SharedPrefill], None] | None] = ContextVar("prefill_observer", default=None)
+
+
+@contextmanager
+def observe_shared_prefill(callback: Callable[[SharedPrefill], None]) -> Iterator[None]:
+    """Within the block, every shared-prompt forward (``share_prompts=True``) reports its :class:`SharedPrefill` to
+    ``callback`` (the per-trajectory gradient-norm pass splits its backward there). Only caches whose layers are plain
+    ``DynamicLayer`` / ``DynamicSlidingWindowLayer`` (keys and values, nothing else) are shared while observed; others
+    take the one-pass forward."""
+    token = _PREFILL_OBSERVER.set(callback)
+    try:
+        yield
+    finally:
+        _PREFILL_OBSERVER.reset(token)
+
+
+def _cache_tensors(cache: DynamicCache) -> list[Tensor]:
+    return [t for layer in cache.layers for t in (layer.keys, layer.values) if isinstance(t, Tensor) and t.numel()]
+
+
 def _shared_prompt_outputs(
     model: PreTrainedModel, batch: TokenBatchLike, *, trunk: nn.Module | None
 ) -> Float[Tensor, "N T X"] | None:
@@ -423,6 +460,10 @@ def _shared_prompt_outputs(
         return trunk(**kwargs).last_hidden_state[:, -keep:]
 
     cache = DynamicCache(config=model.config)
+    observer = _PREFILL_OBSERVER.get()
+    if observer is not None and any(type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer)
+                                    for layer in cache.layers):  # fmt: skip
+        return None  # state beyond keys and values: the observer could not follow every row's gradient
     prefill = forward(
         1,
         input_ids=p_ids,
@@ -434,8 +475,13 @@ def _shared_prompt_outputs(
     first_out = prefill[inverse, -1:]  # [N, 1, ·]: predicts response token 0
     T = batch.response_ids.shape[1]
     if T == 1:
+        if observer is not None:
+            observer(SharedPrefill(inverse, [prefill], [first_out]))
         return first_out
+    before = _cache_tensors(cache) if observer is not None else []
     cache.batch_select_indices(inverse)
+    if observer is not None:
+        observer(SharedPrefill(inverse, [*before, prefill], [*_cache_tensors(cache), first_out]))
     mask = attention_mask(batch)[:, : P + T - 1]  # tokens 0..T−2 are inputs; the last is only predicted
     out = forward(
         T - 1,

@@ -6,7 +6,9 @@ learner's own recompute, :func:`steadyrl.rollout.logprobs.sequence_logprobs` (th
 ``response_mask`` (tool-output tokens, ``tool_mask``, are attended as in the learner's forward but never in ℓ_i).
 Three methods:
 
-- ``"ghost"`` (default): :class:`GhostPass`, one forward and one backward over the batch (the core's method).
+- ``"ghost"`` (default): :class:`GhostPass`, one forward and one backward over the batch (the core's method);
+  ``share_prompts=True`` runs that forward with each distinct prompt once and splits the backward where the prompt
+  joins the rows, so the norms stay exact (:class:`GhostPass`).
 - ``"vmap"``: ``torch.func`` — ``vmap`` over trajectories of ``grad`` of a ``functional_call`` of the whole learner
   forward, ``chunk_size`` trajectories at a time (each chunk holds its per-sample gradients). Hugging Face's mask
   builder branches on the mask's values, which ``vmap`` cannot trace, so during the call the model runs on an
@@ -38,7 +40,7 @@ from torch.func import functional_call, grad, vmap
 from steadyrl.core import grad_norms as core
 from steadyrl.core.grad_norms import GHOST_STRATEGIES, GhostStrategy, masked_row_sums
 from steadyrl.rollout.distribution import TOP_K_OFF, TOP_P_OFF
-from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.logprobs import SharedPrefill, observe_shared_prefill, sequence_logprobs
 from steadyrl.rollout.rollouts import TokenBatch, TokenBatchLike, context_mask, trim_padding
 
 GradNormMethod = Literal["ghost", "vmap", "naive"]
@@ -62,6 +64,7 @@ def per_trajectory_grad_sq_norms(
     top_p: float = TOP_P_OFF,
     ghost_strategy: GhostStrategy | str = "auto",
     vmap_chunk_size: int = DEFAULT_VMAP_CHUNK_SIZE,
+    share_prompts: bool = False,
 ) -> Float[Tensor, " N"]:
     """n_i = ‖∇_θ w_i Σ_t m_{i,t} log π_θ(y_{i,t})‖² for every trajectory of a token batch (VCPO, OPOB's ‖∇‖²).
 
@@ -81,6 +84,8 @@ def per_trajectory_grad_sq_norms(
     ``top_k``, ``top_p``
     ``ghost_strategy``           ``auto`` (cheaper of Gram / materialized per parameter) | ``gram`` | ``materialize``
     ``vmap_chunk_size``          trajectories per ``vmap`` chunk (``method="vmap"`` only)
+    ``share_prompts``            ``method="ghost"`` only: forward each distinct prompt once (:class:`GhostPass`);
+                                 the same norms up to float rounding
     ===================  ======  =====================================================================================
 
     Returns ``[N]`` detached, float32 (float64 for a float64 model), summed over all trainable parameters; rows
@@ -104,6 +109,11 @@ def per_trajectory_grad_sq_norms(
     dtype = core._result_dtype(model)
     if N == 0 or not core._trainable(model):
         return torch.zeros(N, dtype=dtype, device=batch.response_ids.device)
+    if method == "ghost" and share_prompts:
+        with torch.enable_grad(), GhostPass(model, batch, mask=m, strategy=ghost_strategy, share_prompts=True,
+                                            **score) as ghost:  # fmt: skip
+            out = ghost.sq_norms().to(dtype)
+        return (out if weights is None else out * weights.detach().to(dtype).square()).detach()
     if method == "ghost":
         return core.per_trajectory_grad_sq_norms(
             model, _logp_fn(batch, score), m, weights=weights, ghost_strategy=ghost_strategy
@@ -123,6 +133,25 @@ class GhostPass(core.GhostPass):
 
     ``mask`` ``[N, T]`` (default ``batch.response_mask``; intersected with it) and the scoring arguments as in
     :func:`per_trajectory_grad_sq_norms`. ``.logp`` is ``sequence_logprobs(model, batch, ...).logp`` with its graph.
+
+    ``share_prompts=True``: the forward is the learner's shared-prompt recompute (each distinct prompt forwarded
+    once, its G responses against its KV cache; ``sequence_logprobs(share_prompts=True)``), and the norms stay
+    exact. Row i's gradient ∇θ ℓ_i includes the prompt's part, Σ_s g_{i,s} a_{u,s}ᵀ over the prompt positions s of
+    each Linear, with the prompt's inputs a_{u,s} shared by the group but output gradients g_{i,s} = ∂ℓ_i/∂out_s that
+    differ per row (what the row's response does with the prompt's keys and values). One backward of Σ_i ℓ_i gives
+    only Σ_{i∈u} g_{i,s}, which is not enough for ‖∇θ ℓ_i‖² (the norm is quadratic in g_i). So the backward is split
+    where the prompt joins the rows (:class:`~steadyrl.rollout.logprobs.SharedPrefill`):
+
+    1. one backward to the responses' module outputs and to the rows' copies of the prompt's keys, values and last
+       output (row i of each is row i's own cotangent, the copies being indexed per row);
+    2. for k = 0 … G_max − 1, one backward through the prompt forward (U rows) of the cotangents of the k-th row of
+       every group, to the prompt's module outputs: each row's g_{i,s}, at the cost of backpropagating N prompt rows
+       (as the unshared pass), while the forward ran U.
+
+    The per-row norms then use the shared inputs once per group (Gram matrices a_u·a_u per prompt, not per row;
+    :meth:`accumulate_grad` sums Σ_{i∈u} c_i g_{i,s} before its one matmul with a_{u,s}). Without rows sharing a
+    prompt, or where the shared forward does not run (activation checkpointing in training mode), the forward is
+    the one-pass one and nothing changes.
     """
 
     def __init__(
@@ -135,16 +164,88 @@ class GhostPass(core.GhostPass):
         top_k: int = TOP_K_OFF,
         top_p: float = TOP_P_OFF,
         strategy: GhostStrategy | str = "auto",
+        share_prompts: bool = False,
     ) -> None:
         m = batch.response_mask.bool() if mask is None else mask.bool() & batch.response_mask.bool()
         score = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        super().__init__(model, _logp_fn(batch, score), m, strategy=strategy)
+        self._prefill: SharedPrefill | None = None
+        self._prompt_calls = 0  # the first calls recorded, before the prefill was reported: the prompt forward's
+        logp_fn = _shared_logp_fn(batch, score, self._observe) if share_prompts else _logp_fn(batch, score)
+        super().__init__(model, logp_fn, m, strategy=strategy)
         self.batch = batch
+
+    def _observe(self, prefill: SharedPrefill) -> None:
+        if self._prefill is not None:
+            raise RuntimeError("GhostPass: the forward reported two shared-prompt prefills; expected one")
+        self._prefill, self._prompt_calls = prefill, len(self._recorded)
+
+    def close(self) -> None:
+        super().close()
+        self._prefill = None
+
+    def _output_grads(self, loss: Tensor) -> list[tuple[core._Call, Tensor | None, Tensor | None]]:
+        """Steps 1–2 of the class docstring: per-row output gradients of the responses' calls (row map None) and of
+        the prompt's calls (``group`` = each row's prompt)."""
+        view = self._prefill
+        if view is None:
+            return super()._output_grads(loss)
+        prompt_ids = {id(c) for c in self._recorded[: self._prompt_calls]}
+        prompt = [c for c in self._calls if id(c) in prompt_ids]
+        rows = [c for c in self._calls if id(c) not in prompt_ids]
+        grads = torch.autograd.grad(loss, [c.output for c in rows] + view.after, allow_unused=True, retain_graph=True)
+        out = [(c, g, None) for c, g in zip(rows, grads[: len(rows)], strict=True)]
+        joined = [(b, d) for b, d in zip(view.before, grads[len(rows) :], strict=True) if d is not None]
+        if not prompt or not joined:
+            return out
+        inverse = view.inverse
+        slots, rank = _group_slots(inverse, view.before[0].shape[0])
+        per_rank = []
+        for k in range(slots.shape[0]):  # the k-th row of every group at once (U rows: one prompt backward)
+            cot = [_take(d, slots[k]) for _, d in joined]
+            per_rank.append(torch.autograd.grad([b for b, _ in joined], [c.output for c in prompt], grad_outputs=cot,
+                                                allow_unused=True, retain_graph=True))  # fmt: skip
+        for j, call in enumerate(prompt):
+            parts = [r[j] for r in per_rank]
+            if all(p is None for p in parts):
+                out.append((call, None, inverse))
+                continue
+            stacked = torch.stack([torch.zeros_like(call.output) if p is None else p for p in parts])  # [G, U, ...]
+            out.append((call, stacked[rank, inverse], inverse))  # row i: its rank's backward at its prompt
+        return out
 
 
 def _logp_fn(batch: TokenBatchLike, score: dict[str, Any]) -> core.LogpFn:
     """``model ↦ sequence_logprobs(model, batch, **score).logp``: the learner's forward as the core's ``logp_fn``."""
     return lambda model: sequence_logprobs(model, batch, **score).logp
+
+
+def _shared_logp_fn(batch: TokenBatchLike, score: dict[str, Any], observe: Any) -> core.LogpFn:
+    """The learner's shared-prompt forward, reporting where the prompt joins the rows to ``observe``."""
+
+    def logp_fn(model: nn.Module) -> Tensor:
+        with observe_shared_prefill(observe):
+            return sequence_logprobs(model, batch, share_prompts=True, **score).logp
+
+    return logp_fn
+
+
+def _group_slots(inverse: Tensor, U: int) -> tuple[Tensor, Tensor]:
+    """(slots [G_max, U]: the row that is the k-th of prompt u's group, or −1; rank [N]: each row's k)."""
+    N = inverse.numel()
+    counts = torch.bincount(inverse, minlength=U)
+    order = torch.argsort(inverse, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.empty_like(inverse)
+    rank[order] = torch.arange(N, device=inverse.device) - starts[inverse[order]]
+    slots = torch.full((int(counts.max()), U), -1, dtype=torch.long, device=inverse.device)  # one host read
+    slots[rank, inverse] = torch.arange(N, device=inverse.device)
+    return slots, rank
+
+
+def _take(d: Tensor, idx: Tensor) -> Tensor:
+    """Rows ``idx`` [U] of ``d`` [N, ...], zero where ``idx`` is −1 (a group without a k-th row)."""
+    picked = d[idx.clamp(min=0)]
+    return torch.where((idx >= 0).view(-1, *([1] * (d.dim() - 1))), picked, torch.zeros_like(picked))
 
 
 def _row(batch: TokenBatchLike, i: int) -> TokenBatch:

@@ -74,7 +74,11 @@ from steadyrl.train.vocab_terms import VOCAB_TERMS, vocab_terms
 #: How the learner gets OPOB's per-trajectory squared gradient norms: ``fused`` (default) from the step's own forward
 #: and one backward (:class:`~steadyrl.train.grad_norms.GhostPass`), or a separate pass of
 #: :func:`~steadyrl.train.grad_norms.per_trajectory_grad_sq_norms` with that method before the usual forward/backward.
-GradNormsMode = Literal["fused"] | GradNormMethod
+GradNormsMode = Literal["fused", "fused_shared"] | GradNormMethod
+#: The fused modes (the norms from the step's own forward); ``fused_shared`` runs that forward with each distinct prompt
+#: once (:class:`~steadyrl.train.grad_norms.GhostPass` ``share_prompts=True``: fewer forward FLOPs, one prompt backward
+#: per response rank; the same norms and gradient up to float rounding).
+FUSED_MODES: tuple[str, ...] = ("fused", "fused_shared")
 
 
 def enable_activation_checkpointing(model: nn.Module) -> None:
@@ -331,10 +335,11 @@ class Learner:
     def _plain_forward(self, sub: Rollouts) -> tuple[Tensor, Tensor | None, GhostPass | None]:
         if "grad_sq_norms" not in self.needs:
             return self._logp(self.model, sub), None, None
-        if self.grad_norms != "fused":  # a separate pass first (the benchmark's reference points)
+        if self.grad_norms not in FUSED_MODES:  # a separate pass first (the benchmark's reference points)
             norms = per_trajectory_grad_sq_norms(self.model, sub, method=self.grad_norms, temperature=self.temperature)
             return self._logp(self.model, sub), norms, None
-        ghost = GhostPass(self.model, sub, temperature=self.temperature)
+        share = self.grad_norms == "fused_shared"
+        ghost = GhostPass(self.model, sub, temperature=self.temperature, share_prompts=share)
         # The loss sees a leaf copy of logp: its gradient ∂L/∂logp decides how the fused pass forms ∇θ L.
         return ghost.logp.detach().requires_grad_(), ghost.sq_norms(), ghost
 
@@ -439,8 +444,12 @@ class Learner:
         for rows in plan:
             mb = sub.select(rows)
             if wants_norms:
-                if self.grad_norms == "fused":
-                    with self._forward_context(grad=True), GhostPass(self.model, mb, temperature=self.temperature) as g:
+                if self.grad_norms in FUSED_MODES:
+                    share = self.grad_norms == "fused_shared"
+                    with (
+                        self._forward_context(grad=True),
+                        GhostPass(self.model, mb, temperature=self.temperature, share_prompts=share) as g,
+                    ):
                         norms.append((rows, g.sq_norms()))
                         logps.append((rows, g.logp.detach()))
                     continue
