@@ -471,4 +471,48 @@ PRESETS: tuple[Preset, ...] = (
     ),
 )
 
+# ------------------------------------------------------------------------------------------------------------------
+# Losses, corrections and advantage estimators that the installed frameworks ship (verl 0.9.1, OpenRLHF 0.11.2,
+# SkyRL 0.3.0, TRL 1.16.0), each checked against the framework's own function in tests/parity.
+FRAMEWORK_PRESETS: tuple[Preset, ...] = (
+    Preset(
+        "dro",
+        "DRO: −A·log π_θ + ½β(log π_θ/π_prox)², a REINFORCE term with a quadratic pull back to π_prox (β = 0.1), "
+        "token-mean",
+        "2405.19107",
+        "reference-code",
+        {"objective": {"type": "dro"}, "agg": "token-mean"},
+        source="verl 0.9.1 compute_policy_loss_dro (policy_loss.loss_mode='dro', dro_beta)",
+        corrects="none",
+    ),
+    Preset(
+        "rloo",
+        "RLOO: leave-one-out baseline A_i = R_i − mean_{j≠i} R_j, PPO-clip, token-mean",
+        "2402.14740",
+        "exact",
+        {"advantage": {"type": "rloo"}},
+        source="verl 0.9.1 rloo_vectorized (advantage.singleton='reward': its loop form rloo)",
+        corrects="none",
+    ),
+    Preset(
+        "reinforce_pp",
+        "REINFORCE++: return-to-go of the token rewards whitened over the batch's tokens, PPO-clip, token-mean",
+        "2501.03262",
+        "reference-code",
+        {"advantage": {"type": "reinforce_pp"}},
+        source="verl 0.9.1 compute_reinforce_plus_plus_outcome_advantage",
+        corrects="none",
+    ),
+    Preset(
+        "reinforce_pp_baseline",
+        "REINFORCE++-baseline: reward minus its group's mean, whitened over the batch's tokens, PPO-clip, token-mean",
+        "2501.03262",
+        "reference-code",
+        {"advantage": {"type": "reinforce_pp_baseline"}},
+        source="verl 0.9.1 compute_reinforce_plus_plus_baseline_outcome_advantage",
+        corrects="none",
+    ),
+)
+PRESETS = (*PRESETS, *FRAMEWORK_PRESETS)
+
 PRESETS_BY_NAME: dict[str, Preset] = {p.name: p for p in PRESETS}

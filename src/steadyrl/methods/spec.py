@@ -128,8 +128,37 @@ class GivenAdvantage(_Strict):
     NEEDS: ClassVar[tuple[str, ...]] = ("advantages",)
 
 
+# --- advantage estimators the frameworks ship (verl 0.9.1 rloo / reinforce_plus_plus[_baseline])
+class RlooAdvantage(_Strict):
+    """RLOO leave-one-out baseline (arXiv 2402.14740, Eq. 5): A_i = R_i − mean_{j≠i} R_j (verl ``rloo``)."""
+
+    type: Literal["rloo"] = "rloo"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids")
+    singleton: Literal["zero", "reward"] = Field(
+        "zero", description="a group of one response: A = 0 (verl rloo_vectorized) or A = R (verl rloo's loop)"
+    )
+
+
+class ReinforcePPAdvantage(_Strict):
+    """REINFORCE++ (arXiv 2501.03262): discounted return-to-go whitened over the batch's tokens (verl
+    ``reinforce_plus_plus``)."""
+
+    type: Literal["reinforce_pp"] = "reinforce_pp"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards",)
+    gamma: float = Field(1.0, ge=0, le=1, description="discount γ of the return-to-go (verl algorithm.gamma: 1)")
+
+
+class ReinforcePPBaselineAdvantage(_Strict):
+    """REINFORCE++-baseline (arXiv 2501.03262): R_i − group mean, whitened over the batch's tokens (verl
+    ``reinforce_plus_plus_baseline``)."""
+
+    type: Literal["reinforce_pp_baseline"] = "reinforce_pp_baseline"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids")
+
+
 AdvantageSpec = Annotated[
-    GrpoAdvantage | OpobAdvantage | OtbAdvantage | CopcAdvantage | VacoAdvantage | GivenAdvantage,
+    GrpoAdvantage | OpobAdvantage | OtbAdvantage | CopcAdvantage | VacoAdvantage | GivenAdvantage
+    | RlooAdvantage | ReinforcePPAdvantage | ReinforcePPBaselineAdvantage,
     Field(discriminator="type"),
 ]
 
@@ -609,9 +638,18 @@ class BAPO(_Strict):
         return self
 
 
+# --- objectives the frameworks ship (verl 0.9.1 dro)
+class DRO(_Strict):
+    """DRO's policy loss (arXiv 2405.19107; verl ``dro``): −A·log π_θ + ½β(log π_θ/π_prox)² per token."""
+
+    type: Literal["dro"] = "dro"
+    beta: float = Field(0.1, gt=0, description="β of the quadratic log-ratio penalty (verl policy_loss.dro_beta, "
+                        "which has no default; 0.1 is steadyrl's)")
+
+
 ObjectiveSpec = Annotated[
     PPOClip | Reinforce | GSPO | M2POClip | TICGRPO | GMCGRPO | PNPO | OAPL | VESPO | CISPO | SAPO | GMPO | TOPR
-    | DPPOTV | DPPOKL | ClipCov | KLCov | BAPO,
+    | DPPOTV | DPPOKL | ClipCov | KLCov | BAPO | DRO,
     Field(discriminator="type"),
 ]
 
