@@ -512,6 +512,20 @@ FRAMEWORK_PRESETS: tuple[Preset, ...] = (
         source="verl 0.9.1 compute_reinforce_plus_plus_baseline_outcome_advantage",
         corrects="none",
     ),
+    Preset(
+        "rollout_is",
+        "SkyRL rollout_is: no proximal recompute (π_prox := μ), REINFORCE −w·A·log π_θ with the token ratio "
+        "w = π_θ/μ (detached) where it lies in [0.8, 1.2] and the token dropped elsewhere, token-mean",
+        None,
+        "reference-code",
+        {
+            "policy": "bypass",
+            "bypass_ratio": "current",
+            "corrections": [{"type": "token_mis", "lower": 0.8, "upper": 1.2, "weight": "ratio"}],
+            "objective": {"type": "reinforce", "surrogate": "log_prob"},
+        },
+        source="SkyRL 0.3.0 rollout_is_policy_loss (policy_loss_type='rollout_is', eps_clip_low/high = 0.2)",
+    ),
 )
 PRESETS = (*PRESETS, *FRAMEWORK_PRESETS)
 
