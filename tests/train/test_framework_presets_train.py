@@ -17,6 +17,7 @@ RUNS = {
     "reinforce_pp": ["method=reinforce_pp"],
     "reinforce_pp_baseline": ["method=reinforce_pp_baseline"],
     "token_sum": ["method=grpo", "method.agg=token-sum"],
+    "rollout_is": ["method=rollout_is"],
 }
 
 
