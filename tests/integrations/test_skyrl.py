@@ -303,7 +303,7 @@ def test_expected_split_of_the_catalog() -> None:
         "kl_bias_corrected",  # reference log-probs, as kl_in_loss
         "topr", "luspo",  # seq-mean-token-sum has no SkyRL loss_reduction
         "clip_cov", "kl_cov",  # batch-wide covariance ranking
-        "dro",  # a penalty that does not scale with the pre-scaled advantages
+        "dro", "ipo",  # a penalty that does not scale with the pre-scaled advantages
         "rloo", "reinforce_pp", "reinforce_pp_baseline",  # only the GRPO estimator is registered
     }  # fmt: skip
 

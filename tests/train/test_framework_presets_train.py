@@ -18,6 +18,7 @@ RUNS = {
     "reinforce_pp_baseline": ["method=reinforce_pp_baseline"],
     "token_sum": ["method=grpo", "method.agg=token-sum"],
     "rollout_is": ["method=rollout_is"],
+    "ipo": ["method=ipo"],
 }
 
 

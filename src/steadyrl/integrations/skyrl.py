@@ -111,9 +111,9 @@ def why_not_hosted(spec: MethodSpec) -> str | None:
         return f"objective {spec.objective.type!r} needs the rewards and groups, which SkyRL's policy loss lacks"
     if spec.objective.type in ("clip_cov", "kl_cov"):
         return f"objective {spec.objective.type!r} ranks Cov(log π, A) of a batch; SkyRL gives a micro-batch's scaled A"
-    if spec.objective.type == "dro":
-        return ("DRO's ½β(log r)² term does not carry A, so SkyRL's advantage pre-scaling would leave it "
-                "unnormalized: use SkyRL's own losses or another framework")  # fmt: skip
+    if spec.objective.type in ("dro", "ipo"):
+        return (f"objective {spec.objective.type!r} has a (log r)² term that does not carry A, so SkyRL's advantage "
+                "pre-scaling would leave it unnormalized: use SkyRL's own losses or another framework")  # fmt: skip
     if spec.objective.type == "tic_grpo":
         return "TIC-GRPO's loss is a mean over sequences, not the token sum SkyRL's pre-scaled advantages need"
     if spec.advantage.type not in ("grpo", "given"):

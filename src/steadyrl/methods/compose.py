@@ -61,6 +61,7 @@ from steadyrl.core.objectives import (
     filters,
     gmc_grpo,
     gmpo,
+    ipo,
     m2po,
     oapl,
     pnpo,
@@ -449,6 +450,9 @@ OBJECTIVES: dict[type, Callable[[Any, Step], LossOutput]] = {
         **x.token_loss_args, advantages=x.adv_tok, weights=x.w, clip_low=obj.clip_low, clip_high=obj.clip_high,
         frac=obj.frac, cov_lb=obj.cov_lb, cov_ub=obj.cov_ub,
         generator=cov_penalty.selection_generator(obj.seed, x.b.learner_version, x.logp.device),
+    ),
+    S.IPO: lambda obj, x: ipo.ipo_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, epsilon=obj.epsilon, kl_coef=obj.kl_coef
     ),
     S.DRO: lambda obj, x: dro.dro_loss(**x.token_loss_args, advantages=x.adv_tok, weights=x.w, beta=obj.beta),
     S.KLCov: lambda obj, x: cov_penalty.kl_cov_loss(

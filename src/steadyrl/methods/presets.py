@@ -513,6 +513,16 @@ FRAMEWORK_PRESETS: tuple[Preset, ...] = (
         corrects="none",
     ),
     Preset(
+        "ipo",
+        "prime-rl IPO: π_prox := μ, −A·π_θ/μ on tokens whose probability moved by at most 0.1 in either direction, "
+        "plus 1e-3·(log π_θ/μ)² on every token, token-mean",
+        None,
+        "reference-code",
+        {"policy": "bypass", "objective": {"type": "ipo"}, "agg": "token-mean"},
+        source="prime-rl trainer/rl/loss.py ipo_loss_fn (PrimeIntellect-ai/prime-rl; not installed, read from its "
+        "public repository)",
+    ),
+    Preset(
         "rollout_is",
         "SkyRL rollout_is: no proximal recompute (π_prox := μ), REINFORCE −w·A·log π_θ with the token ratio "
         "w = π_θ/μ (detached) where it lies in [0.8, 1.2] and the token dropped elsewhere, token-mean",

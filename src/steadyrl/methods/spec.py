@@ -647,9 +647,19 @@ class DRO(_Strict):
                         "which has no default; 0.1 is steadyrl's)")
 
 
+class IPO(_Strict):
+    """prime-rl's IPO loss: −A·r on tokens with |π_θ(y) − π_prox(y)| ≤ ε, plus κ(log r)² on every trained token
+    [reference-code: prime-rl's public ipo_loss_fn; not installed]."""
+
+    type: Literal["ipo"] = "ipo"
+    epsilon: float = Field(0.1, gt=0, le=1, description="ε of the symmetric probability trust region (prime-rl's "
+                           "ipo_threshold default)")
+    kl_coef: float = Field(1e-3, ge=0, description="κ of κ·(log r)² (prime-rl's kl_tau default)")
+
+
 ObjectiveSpec = Annotated[
     PPOClip | Reinforce | GSPO | M2POClip | TICGRPO | GMCGRPO | PNPO | OAPL | VESPO | CISPO | SAPO | GMPO | TOPR
-    | DPPOTV | DPPOKL | ClipCov | KLCov | BAPO | DRO,
+    | DPPOTV | DPPOKL | ClipCov | KLCov | BAPO | DRO | IPO,
     Field(discriminator="type"),
 ]
 
