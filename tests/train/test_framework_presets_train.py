@@ -19,6 +19,7 @@ RUNS = {
     "token_sum": ["method=grpo", "method.agg=token-sum"],
     "rollout_is": ["method=rollout_is"],
     "ipo": ["method=ipo"],
+    "prob_diff": ["method=prob_diff", "method.prob_diff.level=segment"],
 }
 
 

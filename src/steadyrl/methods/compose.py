@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from steadyrl.core import kl as core_kl
-from steadyrl.core import proximal, rejection, segments, weights
+from steadyrl.core import prob_diff, proximal, rejection, segments, weights
 from steadyrl.core.advantages import grpo, opob, otb, reinforce_pp, rloo, vaco, vtrace
 from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.core.ess import sequence_ess, weights_ess
@@ -360,6 +360,9 @@ CORRECTIONS: dict[type, Callable[[Any, Step], Corrected]] = {
         log_ratio=x.ell, mask=x.mask, threshold=c.threshold
     ),
     S.SegmentTIS: lambda c, x: segments.segment_tis(log_ratio=x.ell, mask=x.mask, cap=c.cap),
+    S.ProbDiffFilter: lambda c, x: prob_diff.prob_diff_filter(  # π_prox: the one ℓ measures (π_θ under bypass=current)
+        prox_logp=x.behav + x.ell, behav_logp=x.behav, mask=x.mask, level=c.level, lower=c.lower, upper=c.upper
+    ),
 }
 
 

@@ -523,6 +523,16 @@ FRAMEWORK_PRESETS: tuple[Preset, ...] = (
         "public repository)",
     ),
     Preset(
+        "prob_diff",
+        "ROLL probability-difference filter: drop tokens whose π_prox(y) − μ(y) lies outside [−0.2, 0.2] (level "
+        "token; geometric, sequence and segment statistics via prob_diff.level), PPO-clip",
+        None,
+        "reference-code",
+        {"corrections": [{"type": "prob_diff"}]},
+        source="ROLL roll/utils/train_infer_corrections.py compute_train_infer_correction, diff filters "
+        "(alibaba/ROLL; not installed, read from its public repository)",
+    ),
+    Preset(
         "rollout_is",
         "SkyRL rollout_is: no proximal recompute (π_prox := μ), REINFORCE −w·A·log π_θ with the token ratio "
         "w = π_θ/μ (detached) where it lies in [0.8, 1.2] and the token dropped elsewhere, token-mean",

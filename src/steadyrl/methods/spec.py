@@ -350,8 +350,22 @@ class SegmentTIS(_Strict):
                               "no cap")
 
 
+class ProbDiffFilter(_Strict):
+    """ROLL's probability-difference filter (``train_infer_correction.filters``, ``diff_enabled``) [reference-code;
+    not installed]: keep tokens whose statistic of π_prox(y) − μ(y) lies in [lower, upper]."""
+
+    type: Literal["prob_diff"] = "prob_diff"
+    level: Literal["token", "geometric", "sequence", "segment"] = Field(
+        "token", description="statistic: the token's d, the sequence mean of d (ROLL 'geometric'), its sum "
+        "('sequence'), or the mean over the token's turn segment ('segment')"
+    )
+    lower: float | None = Field(-0.2, description="keep iff statistic ≥ lower (ROLL diff_low: −0.2); None: no bound")
+    upper: float | None = Field(0.2, description="keep iff statistic ≤ upper (ROLL diff_high: 0.2); None: no bound")
+
+
 CorrectionSpec = Annotated[
-    TokenTIS
+    ProbDiffFilter
+    | TokenTIS
     | SeqTIS
     | TokenMIS
     | SeqMIS
