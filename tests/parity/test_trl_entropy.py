@@ -86,3 +86,24 @@ def test_trl_entropy_bonus_and_adaptive_coefficient(adaptive: bool, seed: int) -
         ours.step(float(out.metrics["entropy/mean"]))
         assert ours.coef == pytest.approx(trainer.entropy_coef, abs=1e-15), step
     assert trainer is not None and (not adaptive or trainer.entropy_coef != 0.01)  # the coefficient moved
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_verl_compute_entropy_loss_token_mean(seed: int) -> None:
+    """verl 0.9.1 ``compute_entropy_loss(logits, mask, "token-mean")`` (its actor subtracts ``entropy_coeff`` times
+    it) against ``entropy_bonus`` on the full-vocabulary entropy steadyrl's vocabulary term computes, with the
+    gradient w.r.t. the logits."""
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="needs verl==0.9.1")
+    from steadyrl.rollout.distribution import entropy_from_log_probs
+
+    g = torch.Generator().manual_seed(seed)
+    logits = (3 * torch.randn(3, 5, 11, generator=g, dtype=DT)).requires_grad_(True)
+    mask = torch.rand(3, 5, generator=g) > 0.3
+    mask[:, 0] = True
+    theirs = -0.02 * core_algos.compute_entropy_loss(logits, mask.to(DT), "token-mean")
+    h = entropy_from_log_probs(torch.log_softmax(logits, dim=-1))
+    ours = entropy_bonus(entropy=h, mask=mask, coef=0.02).loss
+    assert_close(ours, theirs, rtol=1e-6, atol=1e-12)  # verl's entropy_from_logits: logsumexp − Σ p·z
+    (g_ours,) = torch.autograd.grad(ours, logits, retain_graph=True)
+    (g_theirs,) = torch.autograd.grad(theirs, logits)
+    assert_close(g_ours, g_theirs, rtol=1e-6, atol=1e-12)
