@@ -73,8 +73,9 @@ def test_skyrl_rollout_is(case: Case, low: float, high: float) -> None:
     ppo = skyrl_ppo_utils()
     cfg = dataclasses.replace(_config(), eps_clip_low=low, eps_clip_high=high, policy_loss_type="rollout_is")
     theta = leaf(case.theta)
-    loss, _ = ppo.rollout_is_policy_loss(theta, case.prox, case.adv_tok, cfg,
-                                         loss_mask=case.mask.to(case.theta.dtype), rollout_logprobs=case.behav)
+    loss, _ = ppo.rollout_is_policy_loss(
+        theta, case.prox, case.adv_tok, cfg, loss_mask=case.mask.to(case.theta.dtype), rollout_logprobs=case.behav
+    )
     logp = leaf(case.ours(case.theta))
     b = batch(case, logp, case.adv_tok) | {"behav_logp": case.ours(case.behav)}
     overrides = {"advantage.type": "given", "agg": "token-sum", "token_mis.lower": 1.0 - low,

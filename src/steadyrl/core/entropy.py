@@ -28,9 +28,7 @@ ENTROPY_COEF_MIN: float = 0.0
 ENTROPY_COEF_MAX: float = 1.0
 
 
-def entropy_bonus(
-    *, entropy: Float[Tensor, "B T"], mask: Shaped[Tensor, "B T"], coef: float | Tensor
-) -> LossOutput:
+def entropy_bonus(*, entropy: Float[Tensor, "B T"], mask: Shaped[Tensor, "B T"], coef: float | Tensor) -> LossOutput:
     """−c · token-mean of H over the mask (TRL 1.16.0's ``entropy_coef`` term) [exact].
 
     ``entropy`` [B, T] carries the gradient into the model (garbage off the mask is never read); ``coef`` a float or
