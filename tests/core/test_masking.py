@@ -35,6 +35,8 @@ def _ref(x: torch.Tensor, mask: torch.Tensor, mode: str) -> float:
         return sum(sum(r) / len(r) for r in nonempty) / len(nonempty)
     if mode == "seq-mean-token-sum":
         return sum(sum(r) for r in nonempty) / len(nonempty)
+    if mode == "token-sum":
+        return sum(sum(r) for r in rows)
     return sum(sum(r) for r in rows) / (B * T)
 
 

@@ -263,14 +263,15 @@ def test_config_refusals_name_the_field(field: str, value: str, match: str) -> N
         loss(d["theta"], d["prox"], d["prox"], config=cfg, loss_mask=d["mask"], rollout_logprobs=d["behav"])
 
 
-def test_off_policy_correction_refused() -> None:
+def test_off_policy_correction_needs_the_rollout_log_probs() -> None:
+    """The block is honoured (tests/parity/test_skyrl_off_policy.py); without μ it is refused, naming the fix."""
     d = stale_batch()
-    loss = ssky.PolicyLoss("token_tis")
+    loss = ssky.PolicyLoss("ppo")
     cfg = config_for(loss.method)
     cfg = dataclasses.replace(cfg, off_policy_correction=dataclasses.replace(cfg.off_policy_correction,
                                                                               tis_ratio_type="token"))  # fmt: skip
-    with pytest.raises(ValueError, match=r"off_policy_correction"):
-        loss(d["theta"], d["prox"], d["prox"], config=cfg, loss_mask=d["mask"], rollout_logprobs=d["behav"])
+    with pytest.raises(ValueError, match=r"off_policy_correction.*sampling_params.logprobs"):
+        loss(d["theta"], d["prox"], d["prox"], config=cfg, loss_mask=d["mask"], rollout_logprobs=None)
 
 
 def test_estimator_refusals() -> None:
@@ -302,6 +303,8 @@ def test_expected_split_of_the_catalog() -> None:
         "kl_bias_corrected",  # reference log-probs, as kl_in_loss
         "topr", "luspo",  # seq-mean-token-sum has no SkyRL loss_reduction
         "clip_cov", "kl_cov",  # batch-wide covariance ranking
+        "dro", "ipo",  # a penalty that does not scale with the pre-scaled advantages
+        "rloo", "reinforce_pp", "reinforce_pp_baseline",  # only the GRPO estimator is registered
     }  # fmt: skip
 
 

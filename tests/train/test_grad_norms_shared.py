@@ -15,12 +15,12 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from steadyrl.config.train import OptimConfig
 from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.rollouts import TokenBatch
 from steadyrl.rollout.sampler import generate
-from steadyrl.train.config import OptimConfig
 from steadyrl.train.grad_norms import GhostPass, per_trajectory_grad_sq_norms
 from steadyrl.train.learner import Learner
 

@@ -15,7 +15,9 @@ from torch import Tensor
 
 from steadyrl.core.types import LOG_RATIO_CLAMP
 
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+AggMode = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum"
+]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
 #: Which rows a mean over sequences divides by: the non-empty ones (``skip``, the default) or all B (``count``).
 EmptyRows = Literal["skip", "count"]
@@ -125,6 +127,7 @@ def aggregate(
                                           arXiv 2503.20783; TRL's ``dr_grpo``, SkyRL's ``seq_mean_token_sum_norm``,
                                           verl 0.9.1's trainer with ``loss_scale_factor`` = norm_len; verl's bare
                                           ``agg_loss`` without ``global_batch_size`` divides by |N| · norm_len)
+    ``token-sum``                         Σ_{i,t} m ℓ, no normalization (verl 0.9.1 ``loss_agg_mode="token-sum"``)
     ====================================  =========================================================================
 
     Sequences with no masked-in token (padding rows, rejected sequences) are left out of the sequence means
@@ -132,7 +135,7 @@ def aggregate(
     ``aggregate_loss``). ``empty_rows="count"`` divides the two sequence means by all B rows instead, trained or not:
     TRL 1.16.0 ``loss_type="grpo"`` (a plain ``.mean()`` over rows), SkyRL 0.3.0 ``loss_reduction="sequence_mean"``
     (advantages divided by the batch size), verl's trainer (``global_batch_size`` = the mini-batch size). It is refused
-    for ``token-mean`` (no rows) and ``seq-mean-token-sum-norm`` (which always divides by B · norm_len).
+    for ``token-mean`` and ``token-sum`` (no rows) and ``seq-mean-token-sum-norm`` (always divided by B · norm_len).
     With nothing masked in, the result is an exact 0 that keeps the graph (zero gradients).
 
     ``count_mask`` (default ``mask``): the mask the denominators are counted on, while the sums run over ``mask``. Pass
@@ -151,6 +154,8 @@ def aggregate(
     counted = mask if count_mask is None else as_bool_mask(count_mask)  # where the denominators are counted
     if mode == "token-mean":
         return masked_sum(loss_tok, mask) / torch.count_nonzero(counted).clamp(min=1).to(loss_tok.dtype)
+    if mode == "token-sum":
+        return masked_sum(loss_tok, mask)
     if mode == "seq-mean-token-sum-norm":
         B, T = loss_tok.shape
         denom = B * (float(T) if norm_len is None else float(norm_len))

@@ -28,7 +28,8 @@ from torch import Tensor
 from steadyrl.methods import KEY_DOCS, MethodSpec, reads_behavior, required_inputs, resolve_method
 
 #: Advantage types the framework's own advantages stand in for (the estimator runs before the loss, outside it).
-REPLACEABLE_ADVANTAGES = ("grpo", "given")
+#: RLOO and REINFORCE++(-baseline) are verl's own estimators (``algorithm.adv_estimator``), parity-tested.
+REPLACEABLE_ADVANTAGES = ("grpo", "given", "rloo", "reinforce_pp", "reinforce_pp_baseline")
 #: Batch keys these frameworks never hand their policy loss, with why.
 NOT_HOSTED: dict[str, str] = {
     "rewards": "the framework computes advantages before its policy loss, which receives no rewards",
@@ -85,12 +86,15 @@ def step_share(
     """The factor that turns one micro-batch's aggregated loss into its share of the optimizer step's loss.
 
     ``token-mean``: n_local / ``batch_num_tokens`` · ``dp_size`` (n_local: masked-in tokens of this micro-batch);
-    sequence modes: b_local / ``global_batch_size`` · ``dp_size`` (b_local: its sequences with a masked-in token).
+    sequence modes: b_local / ``global_batch_size`` · ``dp_size`` (b_local: its sequences with a masked-in token);
+    ``token-sum``: ``dp_size`` (verl's ``agg_loss``: the step's loss is the sum over all ranks' tokens).
     Summed over the step's micro-batches and averaged over ``dp_size`` ranks (the data-parallel gradient mean),
     the micro-batch means weighted this way give the step's mean, as verl's ``agg_loss`` and OpenRLHF's
     ``aggregate_loss`` compute it. None (no rescaling) when no normalizer is given and ``dp_size`` is 1.
     """
     m = mask.bool()
+    if agg == "token-sum":  # a plain sum: each rank's share is dp_size, undoing the data-parallel gradient mean (verl)
+        return None if dp_size == 1 else torch.tensor(float(dp_size), dtype=torch.float32, device=mask.device)
     if agg == "token-mean":
         total, local, field = batch_num_tokens, m.sum(), "batch_num_tokens"
     else:

@@ -39,7 +39,8 @@ Not hosted (the loss signature carries no tensor for them): advantages from stea
 policies or gradients (OPOB, VACO, OTB, COPC), group-coupled objectives (GMC-GRPO, OAPL) and TIC-GRPO's sequence
 loss, ESTR (behavior entropies), the reference KL (use SkyRL's ``use_kl_loss`` / ``use_kl_in_reward``), and the
 step-level controllers (ESS step size, GAC): SkyRL's optimizer lives inside its Ray policy worker, which no registry
-reaches. SkyRL's ``off_policy_correction`` acts only inside its own losses and is refused when set.
+reaches. SkyRL's ``trainer.algorithm.off_policy_correction`` block is honoured: :func:`off_policy_corrections`
+translates it into steadyrl corrections (the same functions, parity-tested), which run before the method's own.
 Confidence: [exact] as a mapping (the loss equals ``steadyrl.compute_loss`` on the same tensors; tests check 1e-6).
 """
 
@@ -111,6 +112,9 @@ def why_not_hosted(spec: MethodSpec) -> str | None:
         return f"objective {spec.objective.type!r} needs the rewards and groups, which SkyRL's policy loss lacks"
     if spec.objective.type in ("clip_cov", "kl_cov"):
         return f"objective {spec.objective.type!r} ranks Cov(log π, A) of a batch; SkyRL gives a micro-batch's scaled A"
+    if spec.objective.type in ("dro", "ipo"):
+        return (f"objective {spec.objective.type!r} has a (log r)² term that does not carry A, so SkyRL's advantage "
+                "pre-scaling would leave it unnormalized: use SkyRL's own losses or another framework")  # fmt: skip
     if spec.objective.type == "tic_grpo":
         return "TIC-GRPO's loss is a mean over sequences, not the token sum SkyRL's pre-scaled advantages need"
     if spec.advantage.type not in ("grpo", "given"):
@@ -120,6 +124,52 @@ def why_not_hosted(spec: MethodSpec) -> str | None:
         if key not in _PROVIDED:
             return f"needs {key}: {_NOT_HOSTED_INPUTS.get(key, 'SkyRL does not provide it')}"
     return None
+
+
+def off_policy_corrections(block: Any) -> list[dict[str, Any]]:
+    """SkyRL 0.3.0's ``trainer.algorithm.off_policy_correction`` as steadyrl corrections, in SkyRL's order.
+
+    Every rule reads w_t = π_prox/μ (SkyRL: exp(old_log_probs − rollout_logprobs)); masked tokens leave the token sum,
+    as SkyRL's ``loss_mask`` update does (its pre-scaled advantages keep them in the denominators, as here):
+
+    ==========================================  ===============================================================
+    SkyRL field                                 steadyrl correction
+    ==========================================  ===============================================================
+    ``outlier_token_is_threshold_low`` = a      ``token_veto`` (threshold a): drop a sequence with any w_t < a
+    ``outlier_token_is_threshold_high`` = b     ``rejection`` (metric ratio, level sequence, max, upper b)
+    ``token_mask_is_threshold_low/high``        ``token_mis`` (weight one): drop tokens outside [low, high]
+    ``tis_ratio_type="token"``                  ``token_tis`` (cap ``token_tis_ratio_clip_high``)
+    ``tis_ratio_type="sequence"``               ``seq_tis`` (cap ``sequence_tis_ratio_clip_high``)
+    ``sequence_mask_metric="geometric"``        ``geo_mis`` (weight one, [geo_mask_low, geo_mask_high])
+    ``sequence_mask_metric="product"``          ``seq_mis`` (weight one, [product_mask_low, product_mask_high])
+    ==========================================  ===============================================================
+    """
+    out: list[dict[str, Any]] = []
+    low, high = block.outlier_token_is_threshold_low, block.outlier_token_is_threshold_high
+    if low is not None:
+        out.append({"type": "token_veto", "threshold": float(low)})
+    if high is not None:
+        out.append({"type": "rejection", "metric": "ratio", "level": "sequence", "seq_agg": "max", "lower": None,
+                    "upper": float(high)})  # fmt: skip
+    if block.token_mask_is_threshold_low is not None and block.token_mask_is_threshold_high is not None:
+        out.append({"type": "token_mis", "lower": float(block.token_mask_is_threshold_low),
+                    "upper": float(block.token_mask_is_threshold_high), "weight": "one"})  # fmt: skip
+    if block.tis_ratio_type == "token":
+        out.append({"type": "token_tis", "cap": float(block.token_tis_ratio_clip_high)})
+    elif block.tis_ratio_type == "sequence":
+        out.append({"type": "seq_tis", "cap": float(block.sequence_tis_ratio_clip_high)})
+    elif block.tis_ratio_type is not None:
+        raise ValueError(f"off_policy_correction.tis_ratio_type={block.tis_ratio_type!r}: use 'token' or 'sequence'")
+    metric = block.sequence_mask_metric
+    if metric == "geometric":
+        out.append({"type": "geo_mis", "lower": float(block.geo_mask_low), "upper": float(block.geo_mask_high),
+                    "weight": "one"})  # fmt: skip
+    elif metric == "product":
+        out.append({"type": "seq_mis", "lower": float(block.product_mask_low),
+                    "upper": float(block.product_mask_high), "weight": "one"})  # fmt: skip
+    elif metric is not None:
+        raise ValueError(f"off_policy_correction.sequence_mask_metric={metric!r}: use 'geometric' or 'product'")
+    return out
 
 
 def needs_behavior(spec: MethodSpec) -> bool:
@@ -146,6 +196,7 @@ class PolicyLoss:
         self.method: MethodSpec = spec
         self.hosted: MethodSpec = _hosted_spec(spec)
         self.needs_behavior: bool = needs_behavior(spec)
+        self._with_block: dict[str, MethodSpec] = {}
 
     def check_config(self, config: Any) -> None:
         """Refuse a SkyRL ``trainer.algorithm`` config the loss cannot honour, naming the field."""
@@ -164,11 +215,18 @@ class PolicyLoss:
                 f"method {self.method.name!r} has norm_len={self.method.norm_len}; SkyRL divides by "
                 f"trainer.algorithm.max_seq_len={config.max_seq_len}: make them equal"
             )
-        if off_policy_correction_enabled(config.off_policy_correction):
-            raise ValueError(
-                "SkyRL's trainer.algorithm.off_policy_correction acts only inside SkyRL's own losses, which this "
-                f"one replaces: leave it unset (method {self.method.name!r} carries its own corrections)"
-            )
+
+    def with_block(self, block: Any) -> MethodSpec:
+        """The hosted spec with SkyRL's ``off_policy_correction`` block's corrections first (itself when unset)."""
+        if block is None or not off_policy_correction_enabled(block):
+            return self.hosted
+        extra = off_policy_corrections(block)
+        key = repr(extra)
+        if key not in self._with_block:
+            fields = self.hosted.model_dump()
+            fields["corrections"] = [*extra, *fields["corrections"]]
+            self._with_block[key] = MethodSpec.model_validate(fields)
+        return self._with_block[key]
 
     def batch(
         self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor | None,
@@ -202,8 +260,14 @@ class PolicyLoss:
         rollout_logprobs: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
         self.check_config(config)
+        hosted = self.with_block(getattr(config, "off_policy_correction", None))
+        if hosted is not self.hosted and rollout_logprobs is None:
+            raise ValueError(
+                "SkyRL's trainer.algorithm.off_policy_correction reads the rollout log-probs, which SkyRL did not "
+                "pass: set generator.sampling_params.logprobs (e.g. 1)"
+            )
         batch = self.batch(log_probs, old_log_probs, advantages, loss_mask, rollout_logprobs)
-        out = compute_loss(self.hosted, batch, validate=False)
+        out = compute_loss(hosted, batch, validate=False)
         loss = out.loss * log_probs.shape[0]  # seq-mean-token-sum-norm with norm_len=1 divides by B: undo it
         keys = list(out.metrics)
         values = torch.stack([out.metrics[k].float().reshape(()) for k in keys]).tolist() if keys else []
@@ -304,6 +368,7 @@ __all__ = [
     "AdvantageEstimator",
     "PolicyLoss",
     "needs_behavior",
+    "off_policy_corrections",
     "register",
     "supported",
     "why_not_hosted",

@@ -36,8 +36,8 @@ from torch import Tensor
 
 from steadyrl.core import importance_weights as weights
 from steadyrl.core import kl as core_kl
-from steadyrl.core import proximal, rejection, segments
-from steadyrl.core.advantages import grpo, opob, otb, vaco, vtrace
+from steadyrl.core import prob_diff, proximal, rejection, segments
+from steadyrl.core.advantages import grpo, opob, otb, reinforce_pp, rloo, vaco, vtrace
 from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.core.ess import sequence_ess, weights_ess
 from steadyrl.core.masking import (
@@ -58,9 +58,11 @@ from steadyrl.core.objectives import (
     cispo,
     cov_penalty,
     dppo,
+    dro,
     filters,
     gmc_grpo,
     gmpo,
+    ipo,
     m2po,
     oapl,
     pnpo,
@@ -188,6 +190,24 @@ def _copc_adv(adv: S.CopcAdvantage, x: AdvantageInputs) -> Advantages:
     return out.advantages, None, {**x.rewards.metrics, **out.metrics}
 
 
+def _rloo(adv: S.RlooAdvantage, x: AdvantageInputs) -> Advantages:
+    assert x.rewards.seq is not None and x.b.group_ids is not None
+    out = rloo.rloo_advantages(rewards=x.rewards.seq, group_ids=x.b.group_ids, singleton=adv.singleton)
+    return _from_seq(out.advantages, x, out.metrics)
+
+
+def _reinforce_pp(adv: S.ReinforcePPAdvantage, x: AdvantageInputs) -> Advantages:
+    assert x.rewards.token is not None
+    out = reinforce_pp.reinforce_pp_advantages(token_rewards=x.rewards.token, mask=x.mask, gamma=adv.gamma)
+    return out.advantages, None, {**x.rewards.metrics, **out.metrics}
+
+
+def _reinforce_pp_baseline(adv: S.ReinforcePPBaselineAdvantage, x: AdvantageInputs) -> Advantages:
+    assert x.rewards.seq is not None and x.b.group_ids is not None
+    out = reinforce_pp.reinforce_pp_baseline_advantages(rewards=x.rewards.seq, group_ids=x.b.group_ids, mask=x.mask)
+    return out.advantages, None, {**x.rewards.metrics, **out.metrics}
+
+
 #: One estimator per advantage spec (``tests/methods/test_dispatch.py`` checks the table covers the union).
 ADVANTAGES: dict[type, Callable[[Any, AdvantageInputs], Advantages]] = {
     S.GivenAdvantage: _given,
@@ -196,9 +216,12 @@ ADVANTAGES: dict[type, Callable[[Any, AdvantageInputs], Advantages]] = {
     S.VacoAdvantage: _vaco,
     S.OtbAdvantage: _otb,
     S.CopcAdvantage: _copc_adv,
+    S.RlooAdvantage: _rloo,
+    S.ReinforcePPAdvantage: _reinforce_pp,
+    S.ReinforcePPBaselineAdvantage: _reinforce_pp_baseline,
 }
 #: Estimators that need outcome rewards placed on the last token (token rewards).
-_TOKEN_REWARDS = (S.CopcAdvantage, S.OtbAdvantage)
+_TOKEN_REWARDS = (S.CopcAdvantage, S.OtbAdvantage, S.ReinforcePPAdvantage)
 
 
 def _advantages(
@@ -339,6 +362,9 @@ CORRECTIONS: dict[type, Callable[[Any, Step], Corrected]] = {
         log_ratio=x.ell, mask=x.mask, threshold=c.threshold
     ),
     S.SegmentTIS: lambda c, x: segments.segment_tis(log_ratio=x.ell, mask=x.mask, cap=c.cap),
+    S.ProbDiffFilter: lambda c, x: prob_diff.prob_diff_filter(  # π_prox: the one ℓ measures (π_θ under bypass=current)
+        prox_logp=x.behav + x.ell, behav_logp=x.behav, mask=x.mask, level=c.level, lower=c.lower, upper=c.upper
+    ),
 }
 
 
@@ -439,6 +465,10 @@ OBJECTIVES: dict[type, Callable[[Any, Step], LossOutput]] = {
         frac=obj.frac, cov_lb=obj.cov_lb, cov_ub=obj.cov_ub,
         generator=cov_penalty.selection_generator(obj.seed, x.b.learner_version, x.logp.device),
     ),
+    S.IPO: lambda obj, x: ipo.ipo_loss(
+        **x.token_loss_args, advantages=x.adv_tok, weights=x.w, epsilon=obj.epsilon, kl_coef=obj.kl_coef
+    ),
+    S.DRO: lambda obj, x: dro.dro_loss(**x.token_loss_args, advantages=x.adv_tok, weights=x.w, beta=obj.beta),
     S.KLCov: lambda obj, x: cov_penalty.kl_cov_loss(
         **x.token_loss_args, advantages=x.adv_tok, weights=x.w, frac=obj.frac, coef=obj.coef
     ),

@@ -484,4 +484,82 @@ PRESETS: tuple[Preset, ...] = (
     ),
 )
 
+# ------------------------------------------------------------------------------------------------------------------
+# Losses, corrections and advantage estimators that the installed frameworks ship (verl 0.9.1, OpenRLHF 0.11.2,
+# SkyRL 0.3.0, TRL 1.16.0), each checked against the framework's own function in tests/parity.
+FRAMEWORK_PRESETS: tuple[Preset, ...] = (
+    Preset(
+        "dro",
+        "DRO: −A·log π_θ + ½β(log π_θ/π_prox)², a REINFORCE term with a quadratic pull back to π_prox (β = 0.1), "
+        "token-mean",
+        "2405.19107",
+        "reference-code",
+        {"objective": {"type": "dro"}, "agg": "token-mean"},
+        source="verl 0.9.1 compute_policy_loss_dro (policy_loss.loss_mode='dro', dro_beta)",
+        corrects="none",
+    ),
+    Preset(
+        "rloo",
+        "RLOO: leave-one-out baseline A_i = R_i − mean_{j≠i} R_j, PPO-clip, token-mean",
+        "2402.14740",
+        "exact",
+        {"advantage": {"type": "rloo"}},
+        source="verl 0.9.1 rloo_vectorized (advantage.singleton='reward': its loop form rloo)",
+        corrects="none",
+    ),
+    Preset(
+        "reinforce_pp",
+        "REINFORCE++: return-to-go of the token rewards whitened over the batch's tokens, PPO-clip, token-mean",
+        "2501.03262",
+        "reference-code",
+        {"advantage": {"type": "reinforce_pp"}},
+        source="verl 0.9.1 compute_reinforce_plus_plus_outcome_advantage",
+        corrects="none",
+    ),
+    Preset(
+        "reinforce_pp_baseline",
+        "REINFORCE++-baseline: reward minus its group's mean, whitened over the batch's tokens, PPO-clip, token-mean",
+        "2501.03262",
+        "reference-code",
+        {"advantage": {"type": "reinforce_pp_baseline"}},
+        source="verl 0.9.1 compute_reinforce_plus_plus_baseline_outcome_advantage",
+        corrects="none",
+    ),
+    Preset(
+        "ipo",
+        "prime-rl IPO: π_prox := μ, −A·π_θ/μ on tokens whose probability moved by at most 0.1 in either direction, "
+        "plus 1e-3·(log π_θ/μ)² on every token, token-mean",
+        None,
+        "reference-code",
+        {"policy": "bypass", "objective": {"type": "ipo"}, "agg": "token-mean"},
+        source="prime-rl trainer/rl/loss.py ipo_loss_fn (PrimeIntellect-ai/prime-rl; not installed, read from its "
+        "public repository)",
+    ),
+    Preset(
+        "prob_diff",
+        "ROLL probability-difference filter: drop tokens whose π_prox(y) − μ(y) lies outside [−0.2, 0.2] (level "
+        "token; geometric, sequence and segment statistics via prob_diff.level), PPO-clip",
+        None,
+        "reference-code",
+        {"corrections": [{"type": "prob_diff"}]},
+        source="ROLL roll/utils/train_infer_corrections.py compute_train_infer_correction, diff filters "
+        "(alibaba/ROLL; not installed, read from its public repository)",
+    ),
+    Preset(
+        "rollout_is",
+        "SkyRL rollout_is: no proximal recompute (π_prox := μ), REINFORCE −w·A·log π_θ with the token ratio "
+        "w = π_θ/μ (detached) where it lies in [0.8, 1.2] and the token dropped elsewhere, token-mean",
+        None,
+        "reference-code",
+        {
+            "policy": "bypass",
+            "bypass_ratio": "current",
+            "corrections": [{"type": "token_mis", "lower": 0.8, "upper": 1.2, "weight": "ratio"}],
+            "objective": {"type": "reinforce", "surrogate": "log_prob"},
+        },
+        source="SkyRL 0.3.0 rollout_is_policy_loss (policy_loss_type='rollout_is', eps_clip_low/high = 0.2)",
+    ),
+)
+PRESETS = (*PRESETS, *FRAMEWORK_PRESETS)
+
 PRESETS_BY_NAME: dict[str, Preset] = {p.name: p for p in PRESETS}

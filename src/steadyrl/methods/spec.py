@@ -128,8 +128,37 @@ class GivenAdvantage(_Strict):
     NEEDS: ClassVar[tuple[str, ...]] = ("advantages",)
 
 
+# --- advantage estimators the frameworks ship (verl 0.9.1 rloo / reinforce_plus_plus[_baseline])
+class RlooAdvantage(_Strict):
+    """RLOO leave-one-out baseline (arXiv 2402.14740, Eq. 5): A_i = R_i − mean_{j≠i} R_j (verl ``rloo``)."""
+
+    type: Literal["rloo"] = "rloo"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids")
+    singleton: Literal["zero", "reward"] = Field(
+        "zero", description="a group of one response: A = 0 (verl rloo_vectorized) or A = R (verl rloo's loop)"
+    )
+
+
+class ReinforcePPAdvantage(_Strict):
+    """REINFORCE++ (arXiv 2501.03262): discounted return-to-go whitened over the batch's tokens (verl
+    ``reinforce_plus_plus``)."""
+
+    type: Literal["reinforce_pp"] = "reinforce_pp"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards",)
+    gamma: float = Field(1.0, ge=0, le=1, description="discount γ of the return-to-go (verl algorithm.gamma: 1)")
+
+
+class ReinforcePPBaselineAdvantage(_Strict):
+    """REINFORCE++-baseline (arXiv 2501.03262): R_i − group mean, whitened over the batch's tokens (verl
+    ``reinforce_plus_plus_baseline``)."""
+
+    type: Literal["reinforce_pp_baseline"] = "reinforce_pp_baseline"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "group_ids")
+
+
 AdvantageSpec = Annotated[
-    GrpoAdvantage | OpobAdvantage | OtbAdvantage | CopcAdvantage | VacoAdvantage | GivenAdvantage,
+    GrpoAdvantage | OpobAdvantage | OtbAdvantage | CopcAdvantage | VacoAdvantage | GivenAdvantage
+    | RlooAdvantage | ReinforcePPAdvantage | ReinforcePPBaselineAdvantage,
     Field(discriminator="type"),
 ]
 
@@ -321,8 +350,22 @@ class SegmentTIS(_Strict):
                               "no cap")
 
 
+class ProbDiffFilter(_Strict):
+    """ROLL's probability-difference filter (``train_infer_correction.filters``, ``diff_enabled``) [reference-code;
+    not installed]: keep tokens whose statistic of π_prox(y) − μ(y) lies in [lower, upper]."""
+
+    type: Literal["prob_diff"] = "prob_diff"
+    level: Literal["token", "geometric", "sequence", "segment"] = Field(
+        "token", description="statistic: the token's d, the sequence mean of d (ROLL 'geometric'), its sum "
+        "('sequence'), or the mean over the token's turn segment ('segment')"
+    )
+    lower: float | None = Field(-0.2, description="keep iff statistic ≥ lower (ROLL diff_low: −0.2); None: no bound")
+    upper: float | None = Field(0.2, description="keep iff statistic ≤ upper (ROLL diff_high: 0.2); None: no bound")
+
+
 CorrectionSpec = Annotated[
-    TokenTIS
+    ProbDiffFilter
+    | TokenTIS
     | SeqTIS
     | TokenMIS
     | SeqMIS
@@ -629,9 +672,28 @@ class BAPO(_Strict):
         return self
 
 
+# --- objectives the frameworks ship (verl 0.9.1 dro)
+class DRO(_Strict):
+    """DRO's policy loss (arXiv 2405.19107; verl ``dro``): −A·log π_θ + ½β(log π_θ/π_prox)² per token."""
+
+    type: Literal["dro"] = "dro"
+    beta: float = Field(0.1, gt=0, description="β of the quadratic log-ratio penalty (verl policy_loss.dro_beta, "
+                        "which has no default; 0.1 is steadyrl's)")
+
+
+class IPO(_Strict):
+    """prime-rl's IPO loss: −A·r on tokens with |π_θ(y) − π_prox(y)| ≤ ε, plus κ(log r)² on every trained token
+    [reference-code: prime-rl's public ipo_loss_fn; not installed]."""
+
+    type: Literal["ipo"] = "ipo"
+    epsilon: float = Field(0.1, gt=0, le=1, description="ε of the symmetric probability trust region (prime-rl's "
+                           "ipo_threshold default)")
+    kl_coef: float = Field(1e-3, ge=0, description="κ of κ·(log r)² (prime-rl's kl_tau default)")
+
+
 ObjectiveSpec = Annotated[
     PPOClip | Reinforce | GSPO | M2POClip | TICGRPO | GMCGRPO | PNPO | OAPL | VESPO | CISPO | SAPO | GMPO | TOPR
-    | DPPOTV | DPPOKL | ClipCov | KLCov | BAPO | ScoreCentering,
+    | DPPOTV | DPPOKL | ClipCov | KLCov | BAPO | ScoreCentering | DRO | IPO,
     Field(discriminator="type"),
 ]
 

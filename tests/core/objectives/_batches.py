@@ -93,6 +93,8 @@ def ref_aggregate(terms: dict[tuple[int, int], torch.Tensor], B: int, T: int, mo
         return sum((sum(r, zero) / len(r) for r in nonempty), zero) / len(nonempty)
     if mode == "seq-mean-token-sum":
         return sum((sum(r, zero) for r in nonempty), zero) / len(nonempty)
+    if mode == "token-sum":
+        return sum((v for r in rows for v in r), zero)
     return sum((v for r in rows for v in r), zero) / (B * T)
 
 
