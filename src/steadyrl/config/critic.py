@@ -11,7 +11,8 @@ class CriticConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lr: float = Field(1e-3, gt=0, le=1, description="AdamW learning rate of the value head (constant, no warm-up).")
+    lr: float = Field(1e-3, gt=0, le=1, description="AdamW learning rate of the value head (constant, no warm-up; "
+                      "BRACE uses its method.advantage.critic_lr instead).")
     value_coef: float = Field(
         0.5,
         gt=0,

@@ -37,7 +37,7 @@ from torch import Tensor
 from steadyrl.core import importance_weights as weights
 from steadyrl.core import kl as core_kl
 from steadyrl.core import prob_diff, proximal, rejection, segments
-from steadyrl.core.advantages import grpo, opob, otb, reinforce_pp, rloo, vaco, vtrace
+from steadyrl.core.advantages import brace, grpo, opob, otb, reinforce_pp, rloo, vaco, vtrace
 from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.core.ess import sequence_ess, weights_ess
 from steadyrl.core.masking import (
@@ -208,6 +208,11 @@ def _reinforce_pp_baseline(adv: S.ReinforcePPBaselineAdvantage, x: AdvantageInpu
     return out.advantages, None, {**x.rewards.metrics, **out.metrics}
 
 
+def _brace_adv(adv: S.BraceAdvantage, x: AdvantageInputs) -> Advantages:
+    out = _brace(adv, x.b, rewards=x.rewards, ell=x.ell, mask=x.mask)
+    return out.advantages, None, {**x.rewards.metrics, **out.metrics}
+
+
 #: One estimator per advantage spec (``tests/methods/test_dispatch.py`` checks the table covers the union).
 ADVANTAGES: dict[type, Callable[[Any, AdvantageInputs], Advantages]] = {
     S.GivenAdvantage: _given,
@@ -219,9 +224,10 @@ ADVANTAGES: dict[type, Callable[[Any, AdvantageInputs], Advantages]] = {
     S.RlooAdvantage: _rloo,
     S.ReinforcePPAdvantage: _reinforce_pp,
     S.ReinforcePPBaselineAdvantage: _reinforce_pp_baseline,
+    S.BraceAdvantage: _brace_adv,
 }
 #: Estimators that need outcome rewards placed on the last token (token rewards).
-_TOKEN_REWARDS = (S.CopcAdvantage, S.OtbAdvantage, S.ReinforcePPAdvantage)
+_TOKEN_REWARDS = (S.CopcAdvantage, S.OtbAdvantage, S.ReinforcePPAdvantage, S.BraceAdvantage)
 
 
 def _advantages(
@@ -261,6 +267,47 @@ def copc_value_targets(method: str | S.MethodSpec, batch: LossBatch | Mapping[st
     mask = as_bool_mask(b.mask)
     rw = _rewards(spec, b, b.logp, mask, tokens=True)
     return _copc(adv, b, token_rewards=rw.token, logp=b.logp, behav=b.behav_logp.detach(), mask=mask).returns
+
+
+def _brace(
+    adv: S.BraceAdvantage, b: LossBatch, *, rewards: _Rewards, ell: Tensor, mask: Tensor
+) -> brace.BraceOutput:
+    """BRACE from the batch's ``values`` and log w = ℓ = log π_prox − log μ (arXiv 2609.09783).
+
+    The outcome reward is BRACE's terminal R and the in-response rewards r_t are what else the token rewards carry
+    (a KL-in-reward penalty; 0 otherwise); token rewards given by the batch are all in-response (R = 0).
+    """
+    assert b.values is not None and rewards.token is not None and b.rewards is not None
+    if b.rewards.dim() == 1:
+        R = b.rewards.detach()
+        r = rewards.token - where_masked(broadcast_seq(R, rewards.token), core_kl.last_token_mask(mask))
+    else:
+        R, r = torch.zeros_like(b.rewards[:, 0]), rewards.token
+    return brace.brace_advantages(
+        rewards=r, returns=R, values=b.values.detach(), log_ratio=ell, mask=mask, k=adv.k, rho_bar=adv.rho_bar,
+        c_bar=adv.c_bar, gamma=adv.gamma, lam=adv.lam, whiten=adv.whiten,
+    )  # fmt: skip
+
+
+def brace_value_targets(method: str | S.MethodSpec, batch: LossBatch | Mapping[str, Any]) -> Tensor:
+    """BRACE's critic targets V_targ(s) [B,T] (arXiv 2609.09783, §3), detached, 0 off-mask.
+
+    The same computation :func:`compute_loss` runs for ``advantage.type=brace`` (the batch's ``values``; w from
+    π_prox, or π_θ detached when π_prox is not recomputed, against μ), returning the targets instead of the
+    advantages.
+    """
+    spec = resolve_method(method) if isinstance(method, str) else method
+    adv = spec.advantage
+    if not isinstance(adv, S.BraceAdvantage):
+        raise ValueError(f"method {spec.name!r} has advantage.type={adv.type!r}; BRACE targets need 'brace'")
+    b = LossBatch.from_any(batch)
+    b.require(required_inputs(spec), spec.name)
+    mask = as_bool_mask(b.mask)
+    prox = b.prox_logp.detach() if b.prox_logp is not None else b.logp.detach()
+    behav = b.behav_logp.detach()
+    ell = where_masked((behav if spec.policy == "bypass" else prox) - behav, mask)
+    rw = _rewards(spec, b, b.logp, mask, tokens=True)
+    return _brace(adv, b, rewards=rw, ell=ell, mask=mask).targets
 
 
 class Step(NamedTuple):

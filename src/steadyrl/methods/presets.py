@@ -261,6 +261,15 @@ PRESETS: tuple[Preset, ...] = (
         {"advantage": {"type": "copc"}, "corrections": [{"type": "copc_mask"}]},
     ),
     Preset(
+        "brace",
+        "BRACE: critic target with a k = 100 window of importance-corrected TD residuals (ρ̄ 1.2, c̄ 1.1) and a "
+        "Monte-Carlo tail; whitened TD advantages on the target, PPO-clip 0.20/0.28, clipped value loss, 5 "
+        "critic-only warm-up steps",
+        "2609.09783",
+        "reconstructed",
+        {"advantage": {"type": "brace"}, "objective": {"type": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28}},
+    ),
+    Preset(
         "estr",
         "ESTR: keep tokens whose squared log-ratio to μ is small relative to the behavior entropy, PPO-clip on "
         "π_θ/μ (bypass) for the kept ones",

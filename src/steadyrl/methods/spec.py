@@ -100,6 +100,29 @@ class CopcAdvantage(_Strict):
     rho_max: float = Field(1.0, gt=0, description="upper clip of ρ̄ (paper value unknown)")
 
 
+class BraceAdvantage(_Strict):
+    """BRACE (arXiv 2609.09783, §3 and App. D): k-capped importance-corrected critic target with a Monte-Carlo tail;
+    the actor's advantage r_s + γ V_targ(s+1) − V(s), whitened over the batch. Needs ``values`` (the critic)."""
+
+    type: Literal["brace"] = "brace"
+    NEEDS: ClassVar[tuple[str, ...]] = ("rewards", "values")
+    reads_behavior: ClassVar[bool] = True
+    k: int = Field(100, ge=0, description="window of importance-corrected TD residuals before the Monte-Carlo tail "
+                   "(paper: 100; 0 = Monte Carlo, >= the response length = V-trace)")
+    rho_bar: float = Field(1.2, gt=0, description="ρ̄ of ρ_t = min(ρ̄, π_prox/μ) (paper: 1.2)")
+    c_bar: float = Field(1.1, ge=0, description="c̄ of the trace c_i = λ min(c̄, π_prox/μ) (paper: 1.1)")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount γ (paper: 1)")
+    lam: float = Field(1.0, ge=0, le=1, description="trace decay λ (paper: 1)")
+    whiten: bool = Field(True, description="whiten the advantages over the batch's response tokens (paper)")
+    critic_lr: float = Field(1e-5, gt=0, le=1, description="AdamW lr of the critic under BRACE (paper: 1e-5); "
+                             "replaces critic.lr")
+    critic_warmup: int = Field(5, ge=0, description="critic-only optimizer steps before the actor's first step "
+                               "(paper: 5)")
+    value_clip: float | None = Field(0.5, gt=0, description="clip of V around V_old in the value loss "
+                                     "½·max[(V − V_targ)², (clip(V, V_old ± c) − V_targ)²] (paper: 0.5; None: "
+                                     "unclipped)")
+
+
 class VacoAdvantage(_Strict):
     """VACO advantage re-alignment (arXiv 2603.01365) [reconstructed]: one-step V-trace target per group.
 
@@ -157,7 +180,7 @@ class ReinforcePPBaselineAdvantage(_Strict):
 
 
 AdvantageSpec = Annotated[
-    GrpoAdvantage | OpobAdvantage | OtbAdvantage | CopcAdvantage | VacoAdvantage | GivenAdvantage
+    GrpoAdvantage | OpobAdvantage | OtbAdvantage | CopcAdvantage | BraceAdvantage | VacoAdvantage | GivenAdvantage
     | RlooAdvantage | ReinforcePPAdvantage | ReinforcePPBaselineAdvantage,
     Field(discriminator="type"),
 ]

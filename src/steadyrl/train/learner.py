@@ -42,7 +42,9 @@ The optimizer is AdamW, or Muon on the hidden weight matrices and AdamW on the r
 COPC critic (:mod:`steadyrl.train.critic`): when the method needs ``values``, step 1's forward also returns the final
 hidden states, the value head turns them into V(s_t) (the batch's ``values``, detached), and the value loss
 value_coef · ½ · masked mean (V − target)² (targets: COPC's V + Â of the same values) is added to the loss of step 3;
-the critic's AdamW steps exactly when the policy's does.
+the critic's AdamW steps exactly when the policy's does. BRACE's critic (arXiv 2609.09783) also runs its critic-only
+warm-up steps (the policy's optimizer does not step, the version does not advance, ``critic/warmup`` = 1) and, when
+the batch gets several optimizer steps, takes V_old for its value clip from the π_prox pass (one forward for both).
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ class Learner:
         self.critic: Critic | None = None
         if "values" in self.needs:
             size = int(model.config.hidden_size)
-            self.critic = Critic(size, critic or CriticConfig(), device=self.params[0].device)
+            self.critic = Critic(size, critic or CriticConfig(), device=self.params[0].device, method=method)
 
     # ------------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -226,7 +228,7 @@ class Learner:
         device = self.placement.device
         rollouts, rewards = rollouts.to(device), rewards.to(device)
         n_updates = self.optim_cfg.updates_per_batch * self.optim_cfg.minibatches
-        prox = sum_p2 = None
+        prox = sum_p2 = old_values = None
         self._prox_version = None
         # A-3PO (prox_approx=loglinear) approximates π_prox inside the loss: no recompute pass, however many updates
         recompute = self.method.prox_approx == "none" and (self.method.recompute_prox or n_updates > 1)
@@ -236,6 +238,9 @@ class Learner:
             )
             if recompute:
                 prox, self._prox_version = logp_all, self.version
+        elif recompute and self.critic is not None and self.critic.brace is not None:  # V_old with π_prox
+            prox, old_values = self._no_grad(rollouts, self._logp_and_values)
+            self._prox_version = self.version
         elif recompute:
             (prox,) = self._no_grad(rollouts, lambda mb: (self._logp(self.model, mb),))
             self._prox_version = self.version
@@ -256,6 +261,7 @@ class Learner:
                     "prox_logp": None if prox is None else (prox if whole else prox[rows][:, :T]),
                     "ref_logp": None if ref is None else (ref if whole else ref[rows][:, :T]),
                     "sum_p2": None if sum_p2 is None else (sum_p2 if whole else sum_p2[rows][:, :T]),
+                    _OLD_VALUES: None if old_values is None else (old_values if whole else old_values[rows][:, :T]),
                 }
                 metrics, reason = self._optimizer_step(sub, rewards if whole else rewards[rows], extras)
                 per_step.append(metrics)
@@ -292,6 +298,13 @@ class Learner:
         n_out = len(parts[0][1])
         return tuple(scatter_rows([(rows, out[k]) for rows, out in parts], like=like) for k in range(n_out))
 
+    def _logp_and_values(self, batch: Rollouts) -> tuple[Tensor, Tensor]:
+        """log π and the critic's V(s_t) of ``batch`` from one forward (BRACE's π_prox and V_old)."""
+        assert self.critic is not None
+        out = sequence_logprobs(self.model, batch, temperature=self.temperature, return_hidden=True,
+                                share_prompts=self.optim_cfg.share_prompts)  # fmt: skip
+        return out.logp, self.critic.values(out.hidden, batch.response_mask).detach()  # type: ignore[arg-type]
+
     def _logp(self, model: nn.Module, batch: Rollouts) -> Tensor:
         share = self.optim_cfg.share_prompts
         return sequence_logprobs(model, batch, temperature=self.temperature, share_prompts=share).logp
@@ -310,7 +323,7 @@ class Learner:
             "learner_version": self.version,
         }
         for key, value in extras.items():
-            if value is not None:
+            if value is not None and key != _OLD_VALUES:
                 batch[key] = value
         if "behav_entropy" in self.needs:
             if sub.behav_entropy is None:
@@ -377,7 +390,9 @@ class Learner:
         batch = self._batch(sub, rewards, extras, logp, norms)
         critic = None
         if self.critic is not None and hidden is not None:  # V(s_t) joins the batch (detached), L_V the loss
-            critic = self.critic.terms(method=self.method, batch=batch, hidden=hidden)
+            critic = self.critic.terms(
+                method=self.method, batch=batch, hidden=hidden, old_values=extras.get(_OLD_VALUES)
+            )
             batch["values"] = critic.values
         loss, loss_metrics = compute_loss(self.method, batch, validate=False)
         metrics = {k: v.detach() for k, v in loss_metrics.items()}
@@ -570,6 +585,11 @@ class Learner:
             elif not math.isfinite(metrics["lr"]):
                 metrics["train/skipped"] = 1.0
                 reason = self._skip(f"learning rate is {metrics['lr']}")
+            elif self.critic is not None and self.critic.warmup_step():  # BRACE: the critic steps alone
+                self.optimizer.zero_grad(set_to_none=True)
+                self.critic.step()
+                metrics["critic/warmup"] = 1.0
+                reason = "critic-only warm-up step"
             else:
                 self.optimizer.step()
                 if self.critic is not None:
@@ -581,6 +601,8 @@ class Learner:
         return metrics, reason
 
 
+#: Key of BRACE's V_old in a step's extras (handed to the critic, not to the loss).
+_OLD_VALUES = "old_values"
 #: Key of the post-clip gradient norm in the step's read (not a metric).
 _TOTAL = "__total_norm"
 
