@@ -303,7 +303,7 @@ def test_advantage_estimator_as_verl_calls_it(name: str, scale: bool) -> None:
     assert torch.allclose(adv, native.to(adv.dtype), atol=1e-6)
 
 
-@pytest.mark.parametrize("adv", ["opob", "vaco", "otb", "copc"])
+@pytest.mark.parametrize("adv", ["opob", "vaco", "otb", "copc", "brace"])
 def test_unhostable_advantage_estimators_raise(adv: str) -> None:
     fn = core_algos.get_adv_estimator_fn("steadyrl/" + adv)
     with pytest.raises(ValueError, match="cannot run"):

@@ -293,7 +293,7 @@ def _register_all() -> None:
             core_algos.register_policy_loss(name)(_refusing_loss(name, reason))
     for name, preset_name in ADVANTAGE_ESTIMATORS.items():
         register_advantage(name, preset_name)
-    for adv in ("opob", "vaco", "otb", "copc"):
+    for adv in ("opob", "vaco", "otb", "copc", "brace"):
         name = PREFIX + adv
         core_algos.ADV_ESTIMATOR_REGISTRY.pop(name, None)
         core_algos.register_adv_est(name)(

@@ -16,7 +16,8 @@ def _ref(
     rho_bar: float, c_bar: float, gamma: float, lam: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """V_targ(s) = V(s) + Σ_{t=s}^{j−1} γ^{t−s} Π_{i=s}^{t−1} c_i δ_t + Π_{i=s}^{j−1} c_i [γ^{j−s} G_j − γ^{j−s} V(s_j)]
-    term by term (G_j = Σ_{t≥j} γ^{t−j} r_t + γ^{T−j} R; = γ^{T−j} R when r ≡ 0), and Â_s = r_s + γ V_targ(s+1) − V(s)."""
+    term by term (G_j = Σ_{t≥j} γ^{t−j} r_t + γ^{T−j} R, = γ^{T−j} R when r ≡ 0) and Â_s = r_s + γ V_targ(s+1) − V(s).
+    """
     B, Tpad = mask.shape
     targ_out = torch.zeros(B, Tpad, dtype=torch.float64)
     adv_out = torch.zeros(B, Tpad, dtype=torch.float64)
@@ -30,7 +31,7 @@ def _ref(
         c = [lam * min(c_bar, x) for x in w]
         RR = float(R[b])
 
-        def G(j: int, rr: list[float] = rr, T: int = T, RR: float = RR) -> float:
+        def mc(j: int, rr: list[float] = rr, T: int = T, RR: float = RR) -> float:
             return sum(gamma ** (t - j) * rr[t] for t in range(j, T)) + gamma ** (T - j) * RR
 
         targ = []
@@ -46,7 +47,7 @@ def _ref(
             prod = 1.0
             for i in range(s, j):
                 prod *= c[i]
-            total += prod * (gamma ** (j - s) * G(j) - gamma ** (j - s) * vv[j])
+            total += prod * (gamma ** (j - s) * mc(j) - gamma ** (j - s) * vv[j])
             targ.append(total)
         for s, col in enumerate(cols):
             targ_out[b, col] = targ[s]
@@ -159,7 +160,9 @@ def test_slope_diagnostic_is_one_for_monte_carlo() -> None:
     out = brace_advantages(**x, k=0)
     assert out.metrics["brace/slope_h1_4"].item() == pytest.approx(1.0)
     assert out.metrics["brace/slope_h5_16"].item() == pytest.approx(1.0)
-    assert math.isnan(out.metrics["brace/slope_h257_inf"].item())  # an empty bin
+    assert out.metrics["brace/slope_h257_inf"].item() == 0.0  # an empty bin
+    assert out.metrics["brace/frac_h257_inf"].item() == 0.0
+    assert sum(v.item() for k, v in out.metrics.items() if k.startswith("brace/frac_")) == pytest.approx(1.0)
 
 
 def test_bias_and_gap_estimates() -> None:

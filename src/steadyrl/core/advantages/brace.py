@@ -32,8 +32,9 @@ Diagnostics (the paper's three; how each is estimated is ours):
   importance-weighted mean (weights Π_t π/μ over the trained tokens, normalized in log space).
 * ``brace/gap_hat`` ĝ_π = |v̄ − Ê_π[R]|, v̄ the mean of V at each response's first trained token.
 * ``brace/slope_h<lo>_<hi>``: the least-squares slope of (V_targ − V) on (G − V) over the trained tokens whose
-  remaining horizon T − s lies in [lo, hi] (G the Monte-Carlo return; NaN when a bin is empty or G − V is constant
-  in it). 1 is Monte Carlo, 0 is no correction.
+  remaining horizon T − s lies in [lo, hi] (G the Monte-Carlo return; 0 when a bin is empty or G − V is constant
+  in it, so every metric stays finite), and ``brace/frac_h<lo>_<hi>``, the share of the batch's trained tokens in
+  the bin. A slope of 1 is Monte Carlo, 0 is no correction.
 """
 
 from __future__ import annotations
@@ -169,9 +170,7 @@ def brace_advantages(
     w_tok = where_masked(safe_exp(where_masked(log_ratio.detach(), m)), m)
     metrics["brace/rho_clipped_frac"] = masked_mean((w_tok > rho_bar).to(dtype), m)
     metrics["brace/c_clipped_frac"] = masked_mean((w_tok > c_bar).to(dtype), m)
-    metrics |= _diagnostics(
-        returns=R, values=V, targets=targ, mc=G, live=live_t, n=n, log_ratio=log_ratio, mask=m, T=T
-    )
+    metrics |= _diagnostics(returns=R, values=V, targets=targ, mc=G, live=live_t, n=n, log_ratio=log_ratio, mask=m, T=T)
     return BraceOutput(targets=targets.detach(), advantages=advantages.detach(), metrics=detach_metrics(metrics))
 
 
@@ -199,8 +198,9 @@ def _diagnostics(
         mx, my = masked_mean(x, sel), masked_mean(y, sel)
         cov = masked_mean(where_masked((x - mx) * (y - my), sel), sel)
         var = masked_mean(where_masked((x - mx) ** 2, sel), sel)
-        name = f"brace/slope_h{lo}_{hi}" if hi < (1 << 30) else f"brace/slope_h{lo}_inf"
-        out[name] = cov / torch.where(var > 0, var, torch.full_like(var, torch.nan))
+        name = f"h{lo}_{hi}" if hi < (1 << 30) else f"h{lo}_inf"
+        out[f"brace/slope_{name}"] = torch.where(var > 0, cov / torch.where(var > 0, var, 1.0), 0.0)
+        out[f"brace/frac_{name}"] = masked_mean(sel.to(dtype), live)
     return out
 
 
