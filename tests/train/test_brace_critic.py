@@ -65,8 +65,13 @@ def test_value_targets_are_the_estimators() -> None:
     }  # fmt: skip
     batch["behav_logp"] = batch["logp"] - 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
     got = brace_value_targets("brace", batch)
-    ref = brace_advantages(rewards=torch.zeros(B, T, dtype=torch.float64), returns=batch["rewards"],
-                           values=batch["values"], log_ratio=batch["logp"] - batch["behav_logp"], mask=batch["mask"])
+    ref = brace_advantages(
+        rewards=torch.zeros(B, T, dtype=torch.float64),
+        returns=batch["rewards"],
+        values=batch["values"],
+        log_ratio=batch["logp"] - batch["behav_logp"],
+        mask=batch["mask"],
+    )
     torch.testing.assert_close(got, ref.targets)
 
 

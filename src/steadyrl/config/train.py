@@ -574,6 +574,15 @@ class TrainConfig(_Section):
     )
     resume: bool = Field(False, description="Continue the run in out_dir from its latest valid checkpoint.")
     overwrite: bool = Field(False, description="Delete an existing run in out_dir instead of refusing to start.")
+    proximal: Literal["current", "behavior_snapshot", "ewma"] = Field(
+        "current", description="π_prox of the loss: current (the learner's weights at the batch's first optimizer "
+        "step: recomputed, or π_θ detached with one update per batch) | behavior_snapshot (each token's log-prob "
+        "under its behavior version's weights, recomputed by the trainer from the lag ring's snapshot; "
+        "runtime.mode=lag) | ewma (PPO-EWMA: an exponentially weighted average of the weights, "
+        "proximal_beta). Both repairs log kl/discrepancy and kl/staleness (arXiv 2605.12070).")
+    proximal_beta: float = Field(0.9, ge=0, lt=1, description="proximal=ewma: β of W ← βW + 1, θ_ewma ← "
+                                 "(βW_prev/W)θ_ewma + θ/W after each optimizer step (PPO-EWMA, Hilton et al. 2021; "
+                                 "the value 0.9 is ours).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampler settings.")
     rollout: RolloutConfig = Field(
         default_factory=RolloutConfig, description="Sampling engine: transformers (default) or vllm (docs/vllm.md)."
@@ -614,6 +623,16 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"optim.minibatches ({self.optim.minibatches}) must divide prompts_per_step ({self.prompts_per_step}):"
                 " minibatches split the batch by groups"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _behavior_snapshot_needs_the_ring(self) -> TrainConfig:
+        if self.proximal == "behavior_snapshot" and self.runtime.mode != "lag":
+            raise ValueError(
+                f"proximal=behavior_snapshot needs the snapshot ring of runtime.mode=lag (got runtime.mode="
+                f"{self.runtime.mode}); the {self.runtime.mode} runtime keeps no copy of past weights: use "
+                "runtime.mode=lag, or proximal=ewma"
             )
         return self
 

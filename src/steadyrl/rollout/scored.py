@@ -21,6 +21,9 @@ class ScoredRollouts(NamedTuple):
     """float32, one per row."""
     metrics: dict[str, float]
     """Runtime metrics of this batch (``time/sample_s``, ``lag/gen_mean``, ``pool/occupancy``, ...)."""
+    old_logp: Float[Tensor, "N T"] | None = None
+    """π_old^train: each token's log-prob recomputed by the trainer's forward under its behavior version's weights
+    (``proximal`` other than ``current``, lag runtime); None otherwise."""
 
 
 def score_rollouts(task: Task, problems: Sequence[Problem], rollouts: Rollouts) -> Float[Tensor, " N"]:

@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from steadyrl.base.device import Placement, Precision, copy_state, wait_for_copies
 from steadyrl.base.seeding import derive_seed, generator
 from steadyrl.methods.resolve import behavior_record
+from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.multiturn import ToolUse, score_final
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
@@ -484,6 +485,15 @@ class LagSampler:
         with self.placement.autocast(), _sampling_mode(self.sampler):
             return engine_mismatch(self.sampler, rollouts, temperature=self.sampling.temperature)
 
+    def old_logprobs(self, *, step: int, rollouts: Rollouts) -> Tensor:
+        """π_old^train of ``rollouts``: the trainer's forward (:func:`~steadyrl.rollout.logprobs.sequence_logprobs`
+        at the sampling temperature, under the learner's autocast) on the snapshot that sampled ``step``'s batch —
+        the behavior version's weights ("Missing Old Logits", arXiv 2605.12070). Equal to μ up to the decode's
+        numerics when the sampler is this same model in fp32; the engine's or bf16's discrepancy otherwise."""
+        self.load(step)
+        with torch.no_grad(), self.placement.autocast(), _sampling_mode(self.sampler):
+            return sequence_logprobs(self.sampler, rollouts, temperature=self.sampling.temperature).logp.float()
+
     def restart(self, *, step: int, version: int, model: nn.Module) -> None:
         """Restart the samplers from ``model`` (healthy weights after a rollback; ``version`` its optimizer steps).
 
@@ -527,8 +537,11 @@ class LagSource:
     """
 
     def __init__(self, sampler: LagSampler, *, task: Task, train_pool: list[Problem], prompts_per_step: int,
-                 seed: int, tools: ToolUse | None = None, sandbox: SandboxPool | None = None) -> None:  # fmt: skip
+                 seed: int, tools: ToolUse | None = None, sandbox: SandboxPool | None = None,
+                 record_old_logp: bool = False) -> None:  # fmt: skip
         self.sampler = sampler
+        self.record_old_logp = record_old_logp
+        """Attach π_old^train (:meth:`LagSampler.old_logprobs`) to every batch: ``proximal`` other than current."""
         self.task = task
         self.train_pool = train_pool
         self.prompts_per_step = prompts_per_step
@@ -546,7 +559,7 @@ class LagSource:
         sandbox = SandboxPool(cfg.tools.sandbox) if cfg.tools.enabled else None
         tools = None if sandbox is None else cfg.tools.tool_use(sandbox)
         return cls(sampler, task=task, train_pool=train_pool, prompts_per_step=cfg.prompts_per_step, seed=cfg.seed,
-                   tools=tools, sandbox=sandbox)  # fmt: skip
+                   tools=tools, sandbox=sandbox, record_old_logp=cfg.proximal != "current")  # fmt: skip
 
     def _sample_with_tools(self, tools: ToolUse, *, step: int, problems: list[Problem]) -> ScoredRollouts:
         sampler = self.sampler
@@ -583,7 +596,16 @@ class LagSource:
         self.sampler.publish(step=step, version=version, model=model)
 
     def next_batch(self, *, step: int) -> ScoredRollouts:
-        """The scored batch of learner step ``step``."""
+        """The scored batch of learner step ``step`` (with π_old^train when :attr:`record_old_logp`)."""
+        batch = self._scored_batch(step=step)
+        if not self.record_old_logp:
+            return batch
+        t0 = time.perf_counter()
+        old = self.sampler.old_logprobs(step=step, rollouts=batch.rollouts)
+        metrics = {**batch.metrics, "time/old_logp_s": time.perf_counter() - t0}
+        return batch._replace(old_logp=old, metrics=metrics)
+
+    def _scored_batch(self, *, step: int) -> ScoredRollouts:
         idx = problem_order(step, pool=len(self.train_pool), per_step=self.prompts_per_step, seed=self.seed)
         problems = [self.train_pool[i] for i in idx]
         if self.tools is not None:

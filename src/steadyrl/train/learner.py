@@ -45,11 +45,17 @@ value_coef · ½ · masked mean (V − target)² (targets: COPC's V + Â of the 
 the critic's AdamW steps exactly when the policy's does. BRACE's critic (arXiv 2609.09783) also runs its critic-only
 warm-up steps (the policy's optimizer does not step, the version does not advance, ``critic/warmup`` = 1) and, when
 the batch gets several optimizer steps, takes V_old for its value clip from the π_prox pass (one forward for both).
+
+Old-logit repair (``proximal``; "Missing Old Logits", arXiv 2605.12070): ``behavior_snapshot`` takes π_prox from the
+lag runtime's recompute on each token's behavior version (``old_logp``); ``ewma`` from a no-grad forward of an
+exponentially weighted average of the weights (PPO-EWMA), updated after every applied optimizer step and kept on the
+model's device and dtype. Given ``old_logp``, the step logs ``kl/discrepancy`` and ``kl/staleness``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
@@ -62,6 +68,7 @@ from steadyrl.config.critic import CriticConfig
 from steadyrl.config.train import OptimConfig
 from steadyrl.control.base import SKIP_STEP, Controller, grad_parts, parts_like
 from steadyrl.core.gradient_alignment import grad_cosine
+from steadyrl.core.proximal import ewma_update_, mismatch_split
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec
@@ -150,6 +157,8 @@ class Learner:
         grad_norms: GradNormsMode = "fused",
         critic: CriticConfig | None = None,
         placement: Placement | None = None,
+        proximal: Literal["current", "behavior_snapshot", "ewma"] = "current",
+        proximal_beta: float = 0.9,
     ) -> None:
         self.model = model
         self.method = method
@@ -186,6 +195,21 @@ class Learner:
         if "values" in self.needs:
             size = int(model.config.hidden_size)
             self.critic = Critic(size, critic or CriticConfig(), device=self.params[0].device, method=method)
+        # old-logit repair (arXiv 2605.12070): π_prox from the behavior snapshot, or PPO-EWMA weights
+        if proximal != "current" and (method.policy == "bypass" or method.prox_approx != "none"):
+            raise ValueError(
+                f"proximal={proximal} sets π_prox, but method {method.name!r} does not use a recomputed π_prox "
+                f"(policy={method.policy}, prox_approx={method.prox_approx}): use proximal=current with it"
+            )
+        if not 0 <= proximal_beta < 1:
+            raise ValueError(f"proximal_beta must lie in [0, 1) (got {proximal_beta})")
+        self.proximal = proximal
+        self.proximal_beta = proximal_beta
+        self.ewma: nn.Module | None = None
+        """proximal=ewma: the EWMA of the weights (a copy of the model on its device and dtype, no gradient)."""
+        self.ewma_weight = 1.0  # W of the recursion: θ_ewma = θ_0 counts as the first iterate
+        if proximal == "ewma":
+            self.ewma = copy.deepcopy(model).eval().requires_grad_(False)
 
     # ------------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -196,6 +220,7 @@ class Learner:
             "prev_grad": self._prev_grad,
             "controllers": [c.state_dict() for c in self.controllers],
             "critic": None if self.critic is None else self.critic.state_dict(),
+            **({} if self.ewma is None else {"ewma": {"weight": self.ewma_weight, "state": self.ewma.state_dict()}}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -209,6 +234,9 @@ class Learner:
             controller.load_state_dict(to_device(cstate, device))
         if self.critic is not None:
             self.critic.load_state_dict(to_device(state["critic"], device))
+        if self.ewma is not None:
+            self.ewma.load_state_dict(state["ewma"]["state"])
+            self.ewma_weight = float(state["ewma"]["weight"])
 
     @property
     def prev_grad(self) -> list[Tensor] | None:
@@ -222,16 +250,24 @@ class Learner:
         warmup = self.optim_cfg.warmup_steps
         return self.lr * min(1.0, (self.version + 1) / warmup) if warmup else self.lr
 
-    def step(self, rollouts: Rollouts, rewards: Tensor) -> LearnerOutput:
-        """One learner step on ``rollouts`` (N rows) with ``rewards`` ``[N]``; returns its aggregated metrics."""
+    def step(self, rollouts: Rollouts, rewards: Tensor, *, old_logp: Tensor | None = None) -> LearnerOutput:
+        """One learner step on ``rollouts`` (N rows) with ``rewards`` ``[N]``; returns its aggregated metrics.
+
+        ``old_logp`` [N, T]: π_old^train, the log-probs under each token's behavior version (the lag runtime's
+        recompute): π_prox under ``proximal=behavior_snapshot`` (required then), and with any proximal the source of
+        ``kl/discrepancy`` and ``kl/staleness``.
+        """
         self.model.train()
         device = self.placement.device
         rollouts, rewards = rollouts.to(device), rewards.to(device)
+        old_logp = None if old_logp is None else old_logp.to(device)
         n_updates = self.optim_cfg.updates_per_batch * self.optim_cfg.minibatches
         prox = sum_p2 = old_values = None
         self._prox_version = None
-        # A-3PO (prox_approx=loglinear) approximates π_prox inside the loss: no recompute pass, however many updates
+        # A-3PO (prox_approx=loglinear) approximates π_prox inside the loss: no recompute pass, however many updates;
+        # the old-logit repairs bring their own π_prox
         recompute = self.method.prox_approx == "none" and (self.method.recompute_prox or n_updates > 1)
+        recompute = recompute and self.proximal == "current"
         if "sum_p2" in self.needs:  # OTB: Σ_v π_v² of π_prox, from the pass that also gives π_prox
             logp_all, sum_p2 = self._no_grad(
                 rollouts, lambda mb: proximal_logprobs(self.model, mb, temperature=self.temperature)
@@ -244,6 +280,16 @@ class Learner:
         elif recompute:
             (prox,) = self._no_grad(rollouts, lambda mb: (self._logp(self.model, mb),))
             self._prox_version = self.version
+        if self.proximal == "behavior_snapshot":
+            if old_logp is None:
+                raise ValueError(
+                    "proximal=behavior_snapshot needs each token's log-prob under its behavior version's weights "
+                    "(old_logp), which the lag runtime records (runtime.mode=lag)"
+                )
+            prox = old_logp
+        elif self.ewma is not None:
+            ewma = self.ewma
+            (prox,) = self._no_grad(rollouts, lambda mb: (self._logp(ewma, mb),))
         ref = None
         if "ref_logp" in self.needs and self.ref_model is not None:
             ref_model = self.ref_model
@@ -262,6 +308,7 @@ class Learner:
                     "ref_logp": None if ref is None else (ref if whole else ref[rows][:, :T]),
                     "sum_p2": None if sum_p2 is None else (sum_p2 if whole else sum_p2[rows][:, :T]),
                     _OLD_VALUES: None if old_values is None else (old_values if whole else old_values[rows][:, :T]),
+                    _OLD_LOGP: None if old_logp is None else (old_logp if whole else old_logp[rows][:, :T]),
                 }
                 metrics, reason = self._optimizer_step(sub, rewards if whole else rewards[rows], extras)
                 per_step.append(metrics)
@@ -323,7 +370,7 @@ class Learner:
             "learner_version": self.version,
         }
         for key, value in extras.items():
-            if value is not None and key != _OLD_VALUES:
+            if value is not None and key not in (_OLD_VALUES, _OLD_LOGP):
                 batch[key] = value
         if "behav_entropy" in self.needs:
             if sub.behav_entropy is None:
@@ -402,6 +449,13 @@ class Learner:
             metrics["grad/per_traj_norm_mean"] = norms.detach().clamp(min=0).sqrt().mean()  # mean_i ‖∇θ log π(y_i)‖
             if "adv/baseline_mean" in metrics:
                 metrics["vcpo/baseline_mean"] = metrics["adv/baseline_mean"]
+        old = extras.get(_OLD_LOGP)
+        if old is not None:  # π/μ = [π_old^train/μ]·[π/π_old^train]: discrepancy and staleness (arXiv 2605.12070)
+            prox = extras.get("prox_logp")
+            # staleness against the loss's π_prox, or the current policy when π_prox is the behavior snapshot itself
+            against = logp.detach() if prox is None or self.proximal == "behavior_snapshot" else prox
+            metrics |= mismatch_split(behav_logp=sub.behav_logp, old_logp=old, prox_logp=against,
+                                      mask=sub.response_mask)  # fmt: skip
         metrics["loss"] = loss.detach()
         if critic is not None:  # one backward for actor and critic; a non-finite value loss skips the step too
             loss = loss + critic.loss
@@ -594,6 +648,9 @@ class Learner:
                 self.optimizer.step()
                 if self.critic is not None:
                     self.critic.step()
+                if self.ewma is not None:  # PPO-EWMA: W ← βW + 1, θ_ewma ← (βW_prev/W)θ_ewma + θ/W
+                    self.ewma_weight = ewma_update_(list(self.ewma.parameters()), list(self.model.parameters()),
+                                                    weight=self.ewma_weight, beta=self.proximal_beta)  # fmt: skip
                 self.version += 1
         finally:
             for controller in self.controllers:
@@ -603,6 +660,8 @@ class Learner:
 
 #: Key of BRACE's V_old in a step's extras (handed to the critic, not to the loss).
 _OLD_VALUES = "old_values"
+#: Key of π_old^train in a step's extras (for the mismatch split; under behavior_snapshot it is also prox_logp).
+_OLD_LOGP = "old_logp"
 #: Key of the post-clip gradient norm in the step's read (not a metric).
 _TOTAL = "__total_norm"
 
