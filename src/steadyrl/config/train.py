@@ -265,6 +265,18 @@ class OptimConfig(_Section):
         return value
 
 
+class RacConfig(_Section):
+    """Retroactive Advantage Correction (arXiv 2606.27580; the authors' ``rac`` primitive): applied when a batch's
+    true reward arrives ``task.reward_delay`` steps late. Defaults are the authors' constants."""
+
+    enabled: bool = Field(True, description="Apply the correction when a delayed reward arrives (false: the late "
+                          "reward is ignored and the proxy stands, the no-correction baseline).")
+    alpha: float = Field(1.0, ge=0, le=1000, description="α of δ_i = α·(r_slow,i − b_i).")
+    tau_age: float = Field(50.0, gt=0, le=1e9, description="τ_age of the age discount exp(−Δ/τ_age).")
+    rho_bar: float = Field(1.2, gt=0, le=1e6, description="ρ̄ of the sequence ratio min(ρ̄, π_{t+Δ}(y)/μ(y)).")
+    max_abs: float = Field(5.0, gt=0, le=1e6, description="The batch of corrections is rescaled so max |c| ≤ this.")
+
+
 class EvalConfig(_Section):
     """Held-out accuracy on a fixed set of eval problems: at step 0, every ``every`` steps and at the end."""
 
@@ -592,6 +604,8 @@ class TrainConfig(_Section):
         default_factory=CriticConfig,
         description="COPC's value head (used only by methods whose advantage needs critic values).",
     )
+    rac: RacConfig = Field(default_factory=RacConfig, description="Retroactive Advantage Correction of rewards that "
+                           "arrive late (task.reward_delay > 0 only).")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     data: DataConfig = Field(default_factory=DataConfig, description="Training prompts.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
@@ -623,6 +637,17 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"optim.minibatches ({self.optim.minibatches}) must divide prompts_per_step ({self.prompts_per_step}):"
                 " minibatches split the batch by groups"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _delayed_reward_needs_the_lag_runtime(self) -> TrainConfig:
+        delay = getattr(self.task, "reward_delay", 0)
+        if delay > 0 and self.runtime.mode != "lag":
+            raise ValueError(
+                f"task.reward_delay={delay} is implemented by runtime.mode=lag (got runtime.mode={self.runtime.mode}):"
+                " the concurrent runtimes do not hold batches back for their late reward yet; use runtime.mode=lag "
+                "or task.reward_delay=0"
             )
         return self
 

@@ -44,6 +44,19 @@ class _TaskConfigBase(BaseModel):
         "is cut at the first occurrence of any of them, then stripped of whitespace.",
     )
 
+    reward_delay: int = Field(
+        0, ge=0, le=1_000_000,
+        description="Δ: the verifier's (true, slow) reward of a batch arrives this many learner steps after the batch "
+        "was trained on; until then the batch trains on a fast proxy reward (proxy_reward), and on arrival the "
+        "learner applies Retroactive Advantage Correction (the rac section; arXiv 2606.27580). 0: the true reward at "
+        "once (no proxy). runtime.mode=lag only.",
+    )  # fmt: skip
+    proxy_reward: Literal["noisy", "zero"] = Field(
+        "noisy", description="reward_delay > 0: the fast reward b_i a batch trains on: noisy (the true reward r "
+        "replaced by 1 − r with probability proxy_flip, a cheap judge; seeded per step) | zero (b = 0). Ours."
+    )
+    proxy_flip: float = Field(0.2, ge=0, le=1, description="proxy_reward=noisy: flip probability (ours).")
+
     @field_validator("stop_texts")
     @classmethod
     def _stop_texts_non_empty(cls, value: tuple[str, ...]) -> tuple[str, ...]:

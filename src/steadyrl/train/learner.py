@@ -65,15 +65,18 @@ from torch import Tensor, nn
 
 from steadyrl.base.device import Placement, host_values, to_device
 from steadyrl.config.critic import CriticConfig
-from steadyrl.config.train import OptimConfig
+from steadyrl.config.train import OptimConfig, RacConfig
 from steadyrl.control.base import SKIP_STEP, Controller, grad_parts, parts_like
+from steadyrl.core.advantages.rac import rac_corrections
 from steadyrl.core.gradient_alignment import grad_cosine
+from steadyrl.core.masking import masked_mean, seq_log_ratio, where_masked
 from steadyrl.core.proximal import ewma_update_, mismatch_split
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec
 from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprob_terms, sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
+from steadyrl.rollout.scored import DelayedRewards
 from steadyrl.train.critic import Critic
 from steadyrl.train.grad_norms import GhostPass, GradNormMethod, per_trajectory_grad_sq_norms
 from steadyrl.train.microbatch import plan_microbatches, scatter_rows, take_rows
@@ -159,8 +162,11 @@ class Learner:
         placement: Placement | None = None,
         proximal: Literal["current", "behavior_snapshot", "ewma"] = "current",
         proximal_beta: float = 0.9,
+        rac: RacConfig | None = None,
     ) -> None:
         self.model = model
+        self.rac = rac or RacConfig()
+        """Retroactive Advantage Correction of the rows whose late reward arrives (``step(..., delayed=)``)."""
         self.method = method
         self.controllers = list(controllers)
         self.lr = lr
@@ -250,8 +256,14 @@ class Learner:
         warmup = self.optim_cfg.warmup_steps
         return self.lr * min(1.0, (self.version + 1) / warmup) if warmup else self.lr
 
-    def step(self, rollouts: Rollouts, rewards: Tensor, *, old_logp: Tensor | None = None) -> LearnerOutput:
+    def step(
+        self, rollouts: Rollouts, rewards: Tensor, *, old_logp: Tensor | None = None,
+        delayed: DelayedRewards | None = None,
+    ) -> LearnerOutput:  # fmt: skip
         """One learner step on ``rollouts`` (N rows) with ``rewards`` ``[N]``; returns its aggregated metrics.
+
+        ``delayed``: earlier rows whose true reward arrived now; their RAC correction (:meth:`_rac_backward`) joins
+        the gradient of this step's first optimizer step (``rac.enabled``).
 
         ``old_logp`` [N, T]: π_old^train, the log-probs under each token's behavior version (the lag runtime's
         recompute): π_prox under ``proximal=behavior_snapshot`` (required then), and with any proximal the source of
@@ -298,6 +310,7 @@ class Learner:
         per_step: list[dict[str, float]] = []
         reasons: list[str] = []
         applied = 0
+        rac = delayed if delayed is not None and self.rac.enabled else None
         for _ in range(self.optim_cfg.updates_per_batch):
             for rows in minibatches:
                 whole = len(minibatches) == 1
@@ -310,7 +323,8 @@ class Learner:
                     _OLD_VALUES: None if old_values is None else (old_values if whole else old_values[rows][:, :T]),
                     _OLD_LOGP: None if old_logp is None else (old_logp if whole else old_logp[rows][:, :T]),
                 }
-                metrics, reason = self._optimizer_step(sub, rewards if whole else rewards[rows], extras)
+                metrics, reason = self._optimizer_step(sub, rewards if whole else rewards[rows], extras, rac=rac)
+                rac = None  # the correction is applied once, at the step's first optimizer step
                 per_step.append(metrics)
                 if reason is None:
                     applied += 1
@@ -581,9 +595,34 @@ class Learner:
             torch.autograd.backward(tensors, grads)
         return loss_metrics, metrics, host, loss.detach()
 
+    def _rac_backward(self, delayed: DelayedRewards) -> dict[str, Tensor]:
+        """RAC (arXiv 2606.27580) on the rows whose true reward arrived: c_i from r_slow, b and the sequence ratio
+        π_θ(y_i)/μ(y_i) of the current policy (π_{t+Δ}), then the gradient of
+
+            L_RAC = −masked token mean_{i,t} c_i · π_θ(y_{i,t}) / sg[π_θ(y_{i,t})]     (= −c_i ∇ log π_θ(y_i))
+
+        into ``.grad`` (added to this optimizer step's gradient). A_partial was applied when the rows were trained
+        on, so this update carries c_i alone: together the two updates apply A_partial + c (our reading of
+        A_total = A_partial + c for a batch that is no longer in memory). Returns the ``rac/*`` metrics."""
+        rows = delayed.rollouts.to(self.placement.device)
+        mask = rows.response_mask
+        with self._forward_context(grad=True):
+            logp = self._logp(self.model, rows)
+        log_ratio = seq_log_ratio(where_masked(logp.detach() - rows.behav_logp, mask), mask)  # log π_{t+Δ}(y)/μ(y)
+        out = rac_corrections(
+            slow_rewards=delayed.slow.to(logp.device), fast_rewards=delayed.fast.to(logp.device),
+            log_ratio=log_ratio, age=torch.full_like(log_ratio, float(delayed.age)), valid=mask.any(dim=-1),
+            alpha=self.rac.alpha, tau_age=self.rac.tau_age, rho_bar=self.rac.rho_bar, max_abs=self.rac.max_abs,
+        )  # fmt: skip
+        surrogate = torch.exp(logp - logp.detach())  # 1 in value, ∇ log π in gradient
+        loss = -masked_mean(where_masked(out.corrections.unsqueeze(-1).to(logp.dtype) * surrogate, mask), mask)
+        loss.backward()
+        return {**out.metrics, "rac/loss": loss.detach(), "rac/rows": torch.tensor(float(len(rows)))}
+
     def _optimizer_step(
-        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None]
-    ) -> tuple[dict[str, float], str | None]:
+        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], *,
+        rac: DelayedRewards | None = None,
+    ) -> tuple[dict[str, float], str | None]:  # fmt: skip
         """One optimizer step, with two reads to the host (three with VCPO's ESS step size, which sets a Python lr):
         the loss and the gradient norm (whether to go on), then every metric with the post-clip norm and the
         controllers' decision (whether to step)."""
@@ -599,6 +638,8 @@ class Learner:
         else:
             loss_metrics, tensors, metrics, loss = self._micro_backward(sub, rewards, extras, plan)
         metrics["train/skipped"] = 0.0
+        if rac is not None:  # the late rewards' correction joins this step's gradient
+            tensors |= self._rac_backward(rac)
         grad = grad_parts(self.params)
         loss_value, norm = host_values([loss, torch.nn.utils.get_total_norm(grad)])  # ‖g‖ before controllers
         if not (math.isfinite(loss_value) and math.isfinite(norm)):

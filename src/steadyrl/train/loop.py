@@ -336,6 +336,7 @@ class _Run:
             placement=self.placement,
             proximal=cfg.proximal,
             proximal_beta=cfg.proximal_beta,
+            rac=cfg.rac,
         )
         record_entropy = any(c.type == "estr" for c in self.method.corrections)
         self.pool: list[Problem] = self.task.problems("train", cfg.data.train_pool, seed=cfg.seed)
@@ -412,7 +413,9 @@ class _Run:
         batch = self.source.next_batch(step=t)
         rollouts, rewards = batch.rollouts, batch.rewards
         t1 = time.perf_counter()
-        out = self.learner.step(rollouts, rewards, old_logp=getattr(batch, "old_logp", None))
+        out = self.learner.step(
+            rollouts, rewards, old_logp=getattr(batch, "old_logp", None), delayed=getattr(batch, "delayed", None)
+        )
         t2 = time.perf_counter()
         lengths = rollouts.response_mask.sum(dim=-1).float()
         record |= out.metrics
