@@ -13,7 +13,7 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from steadyrl.tasks.config import BasicArithmeticConfig, ChainSumConfig, Operator
+from steadyrl.tasks.config import DELAYED_REWARD_KEYS, BasicArithmeticConfig, ChainSumConfig, Operator
 from steadyrl.tasks.generated import GeneratedTask, ProblemText
 from steadyrl.tasks.text import after_last
 from steadyrl.tasks.types import Problem
@@ -88,7 +88,7 @@ class ChainSumTask(GeneratedTask):
     @classmethod
     def from_config(cls, cfg: ChainSumConfig) -> ChainSumTask:
         # Every config field but the tag is a constructor argument of the same name.
-        return cls(**cfg.model_dump(exclude={"name"}))
+        return cls(**cfg.model_dump(exclude={"name", *DELAYED_REWARD_KEYS}))
 
     def _problem_text(self, entry: Mapping[str, Any]) -> ProblemText:
         return ProblemText(prompt=compact(entry["metadata"]["expression"]) + EQUALS, answer=entry["answer"])
@@ -143,7 +143,7 @@ class BasicArithmeticTask(GeneratedTask):
     @classmethod
     def from_config(cls, cfg: BasicArithmeticConfig) -> BasicArithmeticTask:
         # Every config field but the tag is a constructor argument of the same name.
-        return cls(**cfg.model_dump(exclude={"name"}))
+        return cls(**cfg.model_dump(exclude={"name", *DELAYED_REWARD_KEYS}))
 
     def _problem_text(self, entry: Mapping[str, Any]) -> ProblemText:
         return ProblemText(prompt=compact(entry["metadata"]["expression"]) + EQUALS, answer=entry["answer"])

@@ -35,6 +35,10 @@ JSONL_SUFFIXES: tuple[str, ...] = (".jsonl",)
 PARQUET_SUFFIXES: tuple[str, ...] = (".parquet",)
 
 
+#: Task options read by the runtime (the delayed reward), not by the task itself: kept out of a task's constructor.
+DELAYED_REWARD_KEYS: tuple[str, ...] = ("reward_delay", "proxy_reward", "proxy_flip")
+
+
 class _TaskConfigBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

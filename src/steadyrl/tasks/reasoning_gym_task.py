@@ -31,7 +31,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from steadyrl.tasks.config import AnswerFormat, ReasoningGymTaskConfig
+from steadyrl.tasks.config import DELAYED_REWARD_KEYS, AnswerFormat, ReasoningGymTaskConfig
 from steadyrl.tasks.countdown import is_safe_expression
 from steadyrl.tasks.generated import FULL_CREDIT, GeneratedTask, ProblemText, stream_seed
 from steadyrl.tasks.prompts import check_chat_tokenizer, render_chat
@@ -148,7 +148,7 @@ class ReasoningGymTask(GeneratedTask):
         cls, cfg: ReasoningGymTaskConfig, *, tokenizer: PreTrainedTokenizerBase | None = None
     ) -> ReasoningGymTask:
         # Every config field but the tag is a constructor argument of the same name.
-        return cls(**cfg.model_dump(exclude={"name"}), tokenizer=tokenizer)
+        return cls(**cfg.model_dump(exclude={"name", *DELAYED_REWARD_KEYS}), tokenizer=tokenizer)
 
     # --- generation -------------------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import ClassVar, NamedTuple, Protocol, runtime_checkable
 
 from steadyrl.tasks.arithmetic import EQUALS, ChainSumTask, compact
-from steadyrl.tasks.config import ChainSumToolConfig
+from steadyrl.tasks.config import DELAYED_REWARD_KEYS, ChainSumToolConfig
 from steadyrl.tasks.text import after_last
 from steadyrl.tasks.types import Problem
 
@@ -87,7 +87,7 @@ class ChainSumToolTask(ChainSumTask):
     @classmethod
     def from_config(cls, cfg: ChainSumToolConfig) -> ChainSumToolTask:  # type: ignore[override]
         # Every config field but the tag is a constructor argument of the same name.
-        return cls(**cfg.model_dump(exclude={"name"}))
+        return cls(**cfg.model_dump(exclude={"name", *DELAYED_REWARD_KEYS}))
 
     def _final_answer(self, text: str) -> str:
         return after_last(text, separator=FENCE)
