@@ -617,7 +617,8 @@ class Learner:
         surrogate = torch.exp(logp - logp.detach())  # 1 in value, ∇ log π in gradient
         loss = -masked_mean(where_masked(out.corrections.unsqueeze(-1).to(logp.dtype) * surrogate, mask), mask)
         loss.backward()
-        return {**out.metrics, "rac/loss": loss.detach(), "rac/rows": torch.tensor(float(len(rows)))}
+        rows_n = torch.tensor(float(len(rows)), device=logp.device)
+        return {**out.metrics, "rac/loss": loss.detach(), "rac/rows": rows_n}
 
     def _optimizer_step(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], *,
