@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from steadyrl.config.train import OptimConfig
 from steadyrl.control import build_controllers
 from steadyrl.core.advantages.brace import brace_advantages
 from steadyrl.methods import resolve_method
@@ -15,7 +16,6 @@ from steadyrl.methods.compose import brace_value_targets
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
-from steadyrl.train.config import OptimConfig
 from steadyrl.train.critic import CriticConfig, clipped_value_loss
 from steadyrl.train.entry import main
 from steadyrl.train.learner import Learner

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import OptimConfig, SamplingConfig, TrainConfig
 from steadyrl.core.proximal import ewma_update_, mismatch_split
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.runtime.lag import LagSampler, LagSchedule
-from steadyrl.train.config import OptimConfig, SamplingConfig, TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
 from steadyrl.train.entry import main
 from steadyrl.train.learner import Learner
 from steadyrl.train.metrics import read_metrics

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from steadyrl.config.io import ConfigError, load_config
+from steadyrl.config.train import OptimConfig, RacConfig, SamplingConfig, TrainConfig
 from steadyrl.core.advantages.rac import rac_corrections
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.scored import DelayedRewards, ScoredRollouts
 from steadyrl.runtime.lag import LagSampler, LagSchedule, LagSource
 from steadyrl.tasks.delayed import proxy_rewards
-from steadyrl.train.config import OptimConfig, RacConfig, SamplingConfig, TrainConfig
-from steadyrl.train.configio import ConfigError, load_config
 from steadyrl.train.entry import main
 from steadyrl.train.learner import Learner
 from steadyrl.train.metrics import read_metrics
