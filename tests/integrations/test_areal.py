@@ -278,7 +278,7 @@ def test_not_hosted_methods_raise_naming_why(method: str) -> None:
 
 def test_expected_split_of_the_catalog() -> None:
     assert set(NOT_HOSTED) == {
-        "gmc_grpo", "vcpo", "opob", "oapl", "vaco", "copc", "brace", "estr", "kl_in_reward", "otb",
+        "gmc_grpo", "vcpo", "opob", "oapl", "vaco", "copc", "brace", "estr", "kl_in_reward", "otb", "score_centering",
         "clip_cov", "kl_cov",  # batch-wide covariance ranking; AReaL hands the loss one micro-batch
         "rloo", "reinforce_pp", "reinforce_pp_baseline",  # AReaL's loss input carries its own advantages only
     }  # fmt: skip

@@ -298,7 +298,7 @@ def test_not_hosted_methods_raise_naming_why(method: str) -> None:
 def test_expected_split_of_the_catalog() -> None:
     assert set(NOT_HOSTED) == {
         "tic_grpo", "gmc_grpo", "vcpo", "ess_lr", "opob", "gac", "oapl", "vaco", "copc", "estr", "kl_in_reward",
-        "kl_in_loss", "otb", "brace",
+        "kl_in_loss", "otb", "brace", "score_centering",
         "a3po",  # token versions
         "kl_bias_corrected",  # reference log-probs, as kl_in_loss
         "topr", "luspo",  # seq-mean-token-sum has no SkyRL loss_reduction
