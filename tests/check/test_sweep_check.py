@@ -99,3 +99,19 @@ def test_concurrent_runtimes_are_not_held_to_one_data_order(tmp_path: Path) -> N
         cfg.write_text(yaml.safe_dump(data))
     f = by_rule(root)
     assert f["data_order"].verdict == "SKIP" and f["seeds"].verdict == "FAIL"  # the seed check still holds
+
+
+def test_a_sweep_with_an_unfair_arm_writes_its_findings_and_the_report_shows_them(tmp_path: Path) -> None:
+    """``steadyrl sweep`` writes the arm checks when its runs end (``write_arms_check``); the report shows them."""
+    import json
+
+    from steadyrl.check.sweep import ARMS_FILE, write_arms_check
+    from steadyrl.sweep.report import _arms_section
+
+    root = write_sweep(tmp_path, planted_seed=True)
+    findings = write_arms_check(root)
+    written = json.loads((root / ARMS_FILE).read_text())
+    assert [f["rule"] for f in written] == [f.rule for f in findings]
+    assert {f["rule"]: f["verdict"] for f in written}["seeds"] == "FAIL"
+    section = "".join(_arms_section(root))
+    assert "Fair comparison" in section and "FAIL" in section

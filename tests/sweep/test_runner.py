@@ -178,6 +178,8 @@ def test_tiny_sweep_end_to_end_then_resume_then_report(tiny_overrides: list[str]
         assert "steadyrl train: 6 steps" in (r / "train.log").read_text()
     text = capsys.readouterr().out
     assert "| grpo | 2 | 1/1 |" in text and "| seq_tis | 2 | 1/1 |" in text
+    arms = {f["rule"]: f["verdict"] for f in json.loads((out / "arms_check.json").read_text())}
+    assert arms["config_diff"] == arms["seeds"] == arms["data_order"] == "PASS", arms  # the sweep checked its arms
     # a partial run (its final line lost) continues from its checkpoint; the finished one is skipped
     lines = first[1].splitlines(keepends=True)
     (runs[1] / "metrics.jsonl").write_bytes(b"".join(lines[:-1]))
@@ -191,3 +193,4 @@ def test_tiny_sweep_end_to_end_then_resume_then_report(tiny_overrides: list[str]
     assert report_main([str(out)]) == 0
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2  # accuracy vs lag + the curves at lag 2
+    assert "<h2>Fair comparison</h2>" in html and "config_diff" in html

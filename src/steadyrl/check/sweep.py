@@ -29,6 +29,7 @@ check              verdict
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -42,6 +43,8 @@ import yaml
 from steadyrl.check.rules import Finding
 
 RUNS_NAME = "runs.json"
+#: What ``steadyrl sweep`` writes at its end: :func:`check_sweep`'s findings, one JSON object each.
+ARMS_FILE = "arms_check.json"
 SWEEP_NAME = "sweep.yaml"
 #: Top-level keys that never change a result (the sweep's own config hash leaves them out too).
 IGNORED = ("out_dir", "resume", "overwrite", "log", "checkpoint", "runtime.threads")
@@ -262,3 +265,12 @@ def check_sweep(sweep_dir: str | Path) -> list[Finding]:
         raise SweepCheckError(f"{path}: {RUNS_NAME} lists no runs")
     varied = _varied_keys(path)
     return [config_diff(runs, varied), seeds(runs), data_order(runs), paired(runs), lr_range(runs, varied)]
+
+
+def write_arms_check(sweep_dir: str | Path) -> list[Finding]:
+    """:func:`check_sweep`, written to ``ARMS_FILE`` in the sweep's directory (``steadyrl sweep`` calls it when its
+    runs end, so every sweep carries the proof that its arms differ only where the grid says)."""
+    findings = check_sweep(sweep_dir)
+    payload = [dataclasses.asdict(f) for f in findings]
+    (Path(sweep_dir) / ARMS_FILE).write_text(json.dumps(payload, indent=1) + "\n")
+    return findings

@@ -126,12 +126,32 @@ def run_sweep(sweep: SweepConfig, *, sweep_file: Path | None = None, dry_run: bo
     print(write_results(entries, out, drop=sweep.collapse_drop), end="")
     _say(f"[steadyrl sweep] wrote {out / RESULTS_FILE}, {out / SUMMARY_CSV}, {out / SUMMARY_MD}; "
          f"plots: steadyrl report {out}")
+    unfair = _check_arms(out)
     if outcome.failed:
         _say(f"[steadyrl sweep] {len(outcome.failed)} run(s) failed (see their train.log): {', '.join(outcome.failed)}")
     if outcome.interrupted:
         _say("[steadyrl sweep] interrupted; run the same command again to continue")
         return EXIT_INTERRUPTED
-    return EXIT_FAILED if outcome.failed else 0
+    return EXIT_FAILED if outcome.failed or unfair else 0
+
+
+def _check_arms(out: Path) -> bool:
+    """The arm checks of ``steadyrl check sweep`` on the finished sweep, written to its ``arms_check.json`` and
+    printed; True when one FAILs (a fixed key that differs between arms, a seed that never reached an arm, data
+    orders that differ under one seed): the comparison is then not fair and the sweep exits non-zero."""
+    from steadyrl.check.sweep import ARMS_FILE, SweepCheckError, write_arms_check
+
+    try:
+        findings = write_arms_check(out)
+    except (OSError, SweepCheckError) as err:
+        _say(f"[steadyrl sweep] arm checks skipped: {err}")
+        return False
+    for f in findings:
+        _say(f"[steadyrl sweep] {f.format()}")
+    failed = [f.rule for f in findings if f.verdict == "FAIL"]
+    if failed:
+        _say(f"[steadyrl sweep] the arms are not a fair comparison ({', '.join(failed)}): see {out / ARMS_FILE}")
+    return bool(failed)
 
 
 def report_main(argv: list[str] | None = None) -> int:

@@ -332,6 +332,7 @@ def _sweep_parts(src: Path) -> tuple[str, list[str], list[Plot]]:
         f"{sum(r['status'] in COMPLETE for r in rows)} complete. Collapse = an eval more than {drop:g} below the "
         "run's best so far.</p>",
         "<h2>Summary</h2>", _summary_table(summary, keys),
+        *_arms_section(src),
     ]
     return f"steadyrl sweep report: {src.resolve().name}", [*parts, "<h2>Plots</h2>", "{plots}",
                                                           "<h2>Runs</h2>", _results_table(rows, columns(entries)),
@@ -363,6 +364,19 @@ def _run_parts(src: Path) -> tuple[str, list[str], list[Plot]]:
                          ["step", "action", "reason"], left=0)]
     parts.append(_pre("config.yaml", src / CONFIG_FILE))
     return f"steadyrl run report: {src.resolve().name}", parts, plots
+
+
+def _arms_section(src: Path) -> list[str]:
+    """Whether the arms are a fair comparison (``steadyrl check sweep``'s findings: the resolved-config diff, the
+    seeds, the data order, paired per-seed differences, each method's stable lr range)."""
+    from steadyrl.check.sweep import SweepCheckError, check_sweep
+
+    try:
+        findings = check_sweep(src)
+    except (OSError, SweepCheckError) as err:
+        return ["<h2>Fair comparison</h2>", f"<p>Not checked: {html.escape(str(err))}</p>"]
+    rows = [[f.rule, f.verdict, f.message] for f in findings]
+    return ["<h2>Fair comparison</h2>", _table(rows, ["check", "verdict", "finding"], left=3)]
 
 
 def write_report(src: Path, out: Path | None = None) -> Report:
