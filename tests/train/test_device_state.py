@@ -25,7 +25,7 @@ from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.sampler import generate
 from steadyrl.train import checkpoint as ckpt
-from steadyrl.train import guard as guard_module
+from steadyrl.train import collapse_guard as guard_module
 from steadyrl.train.collapse_guard import CollapseGuard
 from steadyrl.train.learner import Learner
 
