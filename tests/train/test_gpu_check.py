@@ -120,7 +120,8 @@ def test_learner_flops_count_each_groups_prompt_once(gpu_check: ModuleType) -> N
 
     from steadyrl.models import TinyArchConfig, build_tiny_model
 
-    model = build_tiny_model(TinyArchConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
+    arch = TinyArchConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    model = build_tiny_model(arch, tokenizer=build_char_tokenizer(), seed=0)
     head = model.get_output_embeddings().weight
     body = sum(p.numel() for p in model.parameters()) - head.numel()
     rollouts = SimpleNamespace(group_ids=torch.tensor([0, 0, 0, 1, 1, 1]), prompt_ids=torch.zeros(6, 5),

@@ -73,6 +73,8 @@ def _raw_grad(
     """The learner's raw gradient (before controllers and clipping) of one step from a copy of ``model``."""
     model = copy.deepcopy(model)
     spec = resolve_method(method)
+    if getattr(spec.advantage, "critic_warmup", 0):  # BRACE trains its critic alone first: no policy gradient yet
+        spec = resolve_method(method, {"advantage.critic_warmup": 0})
     ref = copy.deepcopy(model).eval().requires_grad_(False) if spec.kl.type != "none" else None
     learner = Learner(
         model=model, method=spec, controllers=build_controllers(spec), lr=1e-3, optim=OptimConfig(**optim),

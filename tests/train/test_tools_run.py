@@ -53,9 +53,9 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> _Seen:
     record = _Seen()
     step, loss = learner_module.Learner.step, learner_module.compute_loss
 
-    def spy_step(self: Any, rollouts: Rollouts, rewards: torch.Tensor) -> Any:
+    def spy_step(self: Any, rollouts: Rollouts, rewards: torch.Tensor, **kwargs: Any) -> Any:
         record.rollouts.append(rollouts)
-        return step(self, rollouts, rewards)
+        return step(self, rollouts, rewards, **kwargs)
 
     def spy_loss(method: Any, batch: dict, **kwargs: Any) -> Any:
         record.masks.append(batch["mask"].clone())
