@@ -13,12 +13,15 @@ import importlib.util
 import sys
 import types
 from collections import defaultdict
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from hypothesis import strategies as st
 from torch import Tensor
+
+from steadyrl.check.losses import OneProcessAccelerator as _OneProcess
+from steadyrl.check.losses import TrainerStandIn as _Trainer
+from steadyrl.check.losses import openrlhf_module  # noqa: F401  (imported by the OpenRLHF parity tests)
 
 DT = torch.float64
 NAN, INF = float("nan"), float("inf")
@@ -107,43 +110,7 @@ def skyrl_ppo_utils() -> types.ModuleType:
     return importlib.import_module("skyrl.backends.skyrl_train.utils.ppo_utils")
 
 
-def openrlhf_module(name: str) -> types.ModuleType:
-    """``openrlhf.models.<mod>`` without running ``openrlhf/models/__init__.py`` (flash-attn, CUDA only)."""
-    import openrlhf
-
-    pkg = name.rsplit(".", 1)[0]
-    if pkg not in sys.modules:
-        bare = types.ModuleType(pkg)
-        bare.__path__ = [str(Path(openrlhf.__path__[0]) / pkg.split(".")[1])]
-        sys.modules[pkg] = bare
-    return importlib.import_module(name)
-
-
 # -------------------------------------------------------------------------------------------------------- TRL
-class _OneProcess:
-    """The two ``Accelerator`` calls TRL's ``_compute_loss`` logs with, for one process (identity reductions)."""
-
-    num_processes = 1
-
-    def reduce(self, x: Tensor, reduction: str = "sum") -> Tensor:
-        return x
-
-    def gather(self, x: Tensor) -> Tensor:
-        return x
-
-    gather_for_metrics = gather
-
-
-class _Trainer(types.SimpleNamespace):
-    """Instance attributes first, then ``GRPOTrainer``'s (its static helpers, e.g. ``get_gamma_weights`` for VESPO and
-    ``get_off_policy_mask`` for OPSM, come back as plain functions)."""
-
-    def __getattr__(self, name: str) -> Any:
-        from trl import GRPOTrainer
-
-        return getattr(GRPOTrainer, name)
-
-
 def trl_loss(
     logp: Tensor, inputs: dict[str, Tensor], *, training: bool = True, **config: Any
 ) -> tuple[Tensor, dict[str, list[float]]]:

@@ -159,8 +159,8 @@ def _verl_case(agg: str) -> LossCase:
     return LossCase(f"compute_policy_loss_vanilla[{agg}]", "verl", loss, opts, ("verl",))
 
 
-class _OneProcess:
-    """The accelerator calls TRL's ``_compute_loss`` makes, for one process."""
+class OneProcessAccelerator:
+    """The ``Accelerator`` calls TRL's ``GRPOTrainer._compute_loss`` makes, for one process (identity reductions)."""
 
     num_processes = 1
 
@@ -173,8 +173,9 @@ class _OneProcess:
     gather_for_metrics = gather
 
 
-class _TrainerAttrs(types.SimpleNamespace):
-    """Instance attributes first, then ``GRPOTrainer``'s own."""
+class TrainerStandIn(types.SimpleNamespace):
+    """A stand-in ``self`` for ``GRPOTrainer``'s methods: instance attributes first, then ``GRPOTrainer``'s own (its
+    static helpers come back as plain functions)."""
 
     def __getattr__(self, name: str) -> Any:
         from trl import GRPOTrainer
@@ -189,8 +190,8 @@ def _trl_case(loss_type: str, agg: str, rows: str) -> LossCase:
         B, T = batch.mask.shape
         args = GRPOConfig(output_dir="unused", use_cpu=True, report_to=[], bf16=False, loss_type=loss_type,
                           epsilon=CLIP[0], epsilon_high=CLIP[1], beta=0.0, max_completion_length=T)  # fmt: skip
-        attrs = _TrainerAttrs(
-            args=args, accelerator=_OneProcess(), model=types.SimpleNamespace(training=True),
+        attrs = TrainerStandIn(
+            args=args, accelerator=OneProcessAccelerator(), model=types.SimpleNamespace(training=True),
             _metrics={"train": defaultdict(list)},
             _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp.detach()), None),
             loss_type=loss_type, importance_sampling_level=args.importance_sampling_level,
@@ -209,20 +210,21 @@ def _trl_case(loss_type: str, agg: str, rows: str) -> LossCase:
     return LossCase(f"GRPOTrainer._compute_loss[{loss_type}]", "trl", loss, opts, ("trl",))
 
 
-def _openrlhf_loss_module() -> types.ModuleType:
-    """``openrlhf.models.loss`` without ``openrlhf/models/__init__.py`` (it imports CUDA-only kernels)."""
+def openrlhf_module(name: str) -> types.ModuleType:
+    """``openrlhf.models.<mod>`` without running ``openrlhf/models/__init__.py`` (it imports CUDA-only kernels)."""
     import openrlhf
 
-    if "openrlhf.models" not in sys.modules:
-        bare = types.ModuleType("openrlhf.models")
-        bare.__path__ = [str(Path(openrlhf.__path__[0]) / "models")]
-        sys.modules["openrlhf.models"] = bare
-    return importlib.import_module("openrlhf.models.loss")
+    pkg = name.rsplit(".", 1)[0]
+    if pkg not in sys.modules:
+        bare = types.ModuleType(pkg)
+        bare.__path__ = [str(Path(openrlhf.__path__[0]) / pkg.split(".")[1])]
+        sys.modules[pkg] = bare
+    return importlib.import_module(name)
 
 
 def _openrlhf_case(token_level: bool) -> LossCase:
     def loss(batch: LossBatch, logp: Tensor) -> Tensor:
-        fn = _openrlhf_loss_module().PolicyLoss(clip_eps_low=CLIP[0], clip_eps_high=CLIP[1],
+        fn = openrlhf_module("openrlhf.models.loss").PolicyLoss(clip_eps_low=CLIP[0], clip_eps_high=CLIP[1],
                                                 token_level_loss=token_level, policy_loss_type="ppo")  # fmt: skip
         m = batch.mask.to(DT)
         norm = {"batch_num_tokens": float(m.sum())} if token_level else {"global_batch_size": float(m.shape[0])}
