@@ -30,7 +30,7 @@ from steadyrl.train.entry import run
 from steadyrl.train.metrics import read_metrics
 
 VARIANTS = {
-    "sync": ["runtime.sync=true"],
+    "sync": ["runtime.concurrent.sync=true"],
     "s1": ["pool.policy=max_staleness", "pool.max_staleness=1"],
     "s2": ["pool.policy=max_staleness", "pool.max_staleness=2"],
     "fifo": ["pool.policy=fifo"],
@@ -39,7 +39,7 @@ VARIANTS = {
 
 def one_run(name: str, *, steps: int, out: Path, extra: list[str]) -> list[dict]:
     overrides = [
-        "lag=0", "runtime.mode=local", "runtime.threads=1", "runtime.sampler_threads=1", f"steps={steps}",
+        "runtime.lag.k=0", "runtime.mode=local", "runtime.threads=1", "rollout.threads=1", f"steps={steps}",
         "eval.every=0", "eval.n=64", "checkpoint.every=0", "log.plot=false", "log.progress=false", f"out_dir={out}",
         "overwrite=true", *VARIANTS[name], *extra,
     ]  # fmt: skip

@@ -15,7 +15,7 @@ check").
    accuracy; a resume continues exactly (the steps after ``resume=true`` equal an uninterrupted run's); the collapse
    guard's rollback restores the weights bit for bit and the next step runs; VCPO (the fused norm pass), GAC,
    ``precision=bf16`` train; ``runtime.mode=local`` trains with its sampler process beside the learner on its
-   device (``runtime.sampler_device=learner``); the adapters' step control runs ``seq_tis+ess_lr`` and
+   device (``rollout.device=learner``); the adapters' step control runs ``seq_tis+ess_lr`` and
    ``seq_tis+gac`` on the device behind a stand-in trainer; three tool-use steps (model-written code run in the
    sandbox); a profile of one sampling and one learner step of the main run's batch (tokens/s, peak memory per
    phase, the learner's FLOP/s as a share of a matmul peak measured in the same process: :func:`item_profile`). The
@@ -172,7 +172,7 @@ def train_overrides(size: Size, *, device: str, model_dir: Path, out_dir: Path) 
         f"device={device}",
         f"precision={PRECISION}",
         f"optim.microbatch_tokens={size.microbatch_tokens}",
-        "lag=0",
+        "runtime.lag.k=0",
         f"steps={size.steps}",
         f"prompts_per_step={size.prompts_per_step}",
         f"group_size={size.group_size}",
@@ -302,8 +302,8 @@ class ItemResult:
 def _short_overrides(size: Size, *, device: str, model_dir: Path, out_dir: Path, steps: int) -> list[str]:
     """A short run of the check's model (the items' runs): ``steps`` steps at lag 1, no eval past step 0."""
     base = train_overrides(size, device=device, model_dir=model_dir, out_dir=out_dir)
-    keep = [o for o in base if not o.startswith(("steps=", "lag=", "eval.every=", "eval.n="))]
-    return [*keep, f"steps={steps}", "lag=1", f"eval.every={steps}", "eval.n=8"]
+    keep = [o for o in base if not o.startswith(("steps=", "runtime.lag.k=", "eval.every=", "eval.n="))]
+    return [*keep, f"steps={steps}", "runtime.lag.k=1", f"eval.every={steps}", "eval.n=8"]
 
 
 def _finite_run(records: Sequence[Mapping[str, Any]], steps: int) -> str | None:
@@ -626,7 +626,7 @@ def run_items(fields: Mapping[str, Any], *, size: Size, device: str, model_dir: 
         "bf16": lambda: item_run("bf16", size, **common, extra=["precision=bf16"]),
         "tools": lambda: item_run("tools", size, **common, extra=list(TOOL_OVERRIDES), check="tool/tokens_mean"),
         "local_sampler": lambda: item_run("local_sampler", size, **common, extra=[
-            "runtime.mode=local", "lag=0", "runtime.sampler_device=learner", "runtime.threads=1"]),
+            "runtime.mode=local", "runtime.lag.k=0", "rollout.device=learner", "runtime.threads=1"]),
         "adapter_ess_lr": lambda: item_adapter("adapter_ess_lr", "seq_tis+ess_lr", model_dir=model_dir,
                                                placement=placement),
         "adapter_gac": lambda: item_adapter("adapter_gac", "seq_tis+gac", model_dir=model_dir, placement=placement),

@@ -180,9 +180,10 @@ def steadyrl_run(setting: Setting, *, steps: int, seed: int, lr: float, out_dir:
     from steadyrl.train.learner import Learner
 
     argv = [
-        "method=grpo", "lag=0", f"steps={steps}", f"seed={seed}", f"lr={lr}", f"model.name={setting.model_dir}",
-        f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"sampling.max_new_tokens={setting.tokens}",
-        "sampling.temperature=1.0", "runtime.threads=1", "eval.every=0", f"eval.n={PROMPTS}", "checkpoint.every=0",
+        "method=grpo", "runtime.lag.k=0", f"steps={steps}", f"seed={seed}", f"lr={lr}",
+        f"model.name={setting.model_dir}",
+        f"prompts_per_step={PROMPTS}", f"group_size={GROUP}", f"rollout.max_new_tokens={setting.tokens}",
+        "rollout.temperature=1.0", "runtime.threads=1", "eval.every=0", f"eval.n={PROMPTS}", "checkpoint.every=0",
         "log.progress=false", "log.plot=false", f"out_dir={out_dir}", "overwrite=true",
     ]  # fmt: skip
     step, gen, learn = [], [], []
@@ -420,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run (the first is dropped)")
     parser.add_argument("--tokens", default="12,48", help="response budgets (comma-separated)")
-    parser.add_argument("--free", default=str(TrainConfig().sampling.max_new_tokens),
+    parser.add_argument("--free", default=str(TrainConfig().rollout.max_new_tokens),
                         help="budgets in --tokens that stop at EOS; the others are forced to full length")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=2, help="runs of each trainer per budget, alternating")
     parser.add_argument("--seed", type=int, default=0)

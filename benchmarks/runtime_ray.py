@@ -37,15 +37,15 @@ TINY_MODEL = [
     "model.arch.intermediate_size=64", "model.warm_start.target_accuracy=0.25", "model.warm_start.max_steps=400",
     "model.warm_start.eval_every=20", "model.warm_start.eval_problems=128", "model.warm_start.batch_size=64",
     "model.warm_start.lr=1e-2", "model.warm_start.warmup_steps=10", "model.warm_start.train_problems=2048",
-    "eval.n=128", "sampling.max_new_tokens=4", "data.train_pool=512", "lr=1e-3", "prompts_per_step=16",
+    "eval.n=128", "rollout.max_new_tokens=4", "data.train_pool=512", "lr=1e-3", "prompts_per_step=16",
 ]  # fmt: skip
 #: This benchmark's fixed settings: one sampler, one torch thread for it and for the learner, no eval, no checkpoint.
 SETTINGS = [
-    "eval.every=0", "runtime.threads=1", "runtime.sampler_threads=1", "log.progress=false", "log.timings=separate",
-    "checkpoint.every=0", "log.plot=false", "lag=0", "runtime.samplers=1", "overwrite=true",
+    "eval.every=0", "runtime.threads=1", "rollout.threads=1", "log.progress=false", "log.timings=separate",
+    "checkpoint.every=0", "log.plot=false", "runtime.lag.k=0", "runtime.concurrent.samplers=1", "overwrite=true",
 ]  # fmt: skip
 TINY = [*TINY_MODEL, *SETTINGS]
-VARIANTS = {"sync": ["runtime.sync=true"], "fifo": ["pool.policy=fifo"]}
+VARIANTS = {"sync": ["runtime.concurrent.sync=true"], "fifo": ["pool.policy=fifo"]}
 SKIP = 3
 
 

@@ -58,7 +58,8 @@ def one_run(out: str, cache: str, steps: int) -> int:
     from steadyrl.train.entry import local_source
     from steadyrl.train.loop import train
 
-    overrides = [*TINY, f"model.cache_dir={cache}", "runtime.mode=local", "runtime.samplers=2", "pool.capacity=24",
+    overrides = [*TINY, f"model.cache_dir={cache}", "runtime.mode=local", "runtime.concurrent.samplers=2",
+                 "pool.capacity=24",
                  f"steps={steps}", f"out_dir={out}"]  # fmt: skip
     cfg = load_config(TrainConfig, overrides=overrides)
     try:

@@ -2,7 +2,7 @@
 
 Three parts, in one run (``--parts``):
 
-* ``speed``: one batch of the main job (64 prompts × G = 8, ``sampling.max_new_tokens`` = 12, T = 1) sampled by
+* ``speed``: one batch of the main job (64 prompts × G = 8, ``rollout.max_new_tokens`` = 12, T = 1) sampled by
   :func:`steadyrl.rollout.sampler.generate` (torch threads ``--threads``) and by :class:`VLLMEngine` (``--dtypes``),
   median of ``--repeats`` after one warm-up: generated tokens per second; plus the engine's start-up and the time of
   one in-place weight update.
@@ -135,7 +135,7 @@ def mismatch(
 
 
 def train_runs(args: argparse.Namespace) -> None:
-    print(f"train: steadyrl train rollout.engine=vllm rollout.dtype={args.train_dtype} lag=0, "
+    print(f"train: steadyrl train rollout.engine=vllm rollout.vllm.dtype={args.train_dtype} lag=0, "
           f"{args.train_steps} steps, seed {args.seed}")  # fmt: skip
     print(f"  {'method':<10} {'reward first10':>14} {'reward last10':>13} {'eval/acc base->final':>21} "
           f"{'min mismatch ess':>16} {'max mismatch k3':>15} {'max is/weight':>13} {'s/step':>7}")  # fmt: skip
@@ -143,8 +143,9 @@ def train_runs(args: argparse.Namespace) -> None:
         for method in args.methods:
             out = Path(tmp) / method
             cfg = load_config(TrainConfig, overrides=[
-                "lag=0", f"method={method}", f"steps={args.train_steps}", f"seed={args.seed}", "rollout.engine=vllm",
-                f"rollout.dtype={args.train_dtype}", "runtime.threads=1", "log.progress=false", "log.plot=false",
+                "runtime.lag.k=0", f"method={method}", f"steps={args.train_steps}", f"seed={args.seed}",
+                "rollout.engine=vllm",
+                f"rollout.vllm.dtype={args.train_dtype}", "runtime.threads=1", "log.progress=false", "log.plot=false",
                 "checkpoint.every=0", f"eval.every={args.train_steps}", f"out_dir={out}",
             ])  # fmt: skip
             run(cfg)

@@ -58,7 +58,7 @@ def tiny_overrides(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
         "model.warm_start.eval_every=20", "model.warm_start.eval_problems=128", "model.warm_start.batch_size=64",
         "model.warm_start.lr=1e-2", "model.warm_start.warmup_steps=10", "model.warm_start.train_problems=2048",
         f"model.cache_dir={cache}",
-        "eval.n=128", "eval.every=10", "sampling.max_new_tokens=4", "data.train_pool=512", "lr=1e-3",
+        "eval.n=128", "eval.every=10", "rollout.max_new_tokens=4", "data.train_pool=512", "lr=1e-3",
         "prompts_per_step=16", "runtime.threads=1",
         "log.progress=false", "log.timings=separate", "checkpoint.every=5",
     ]  # fmt: skip

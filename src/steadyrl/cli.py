@@ -59,6 +59,24 @@ COMMANDS = {
 }
 
 
+def _one_line_notices() -> None:
+    """A renamed config key prints one line (``steadyrl: config key 'lag' is renamed to ...``), not a warning's
+    file and source line."""
+    import warnings
+
+    from steadyrl.config.renamed import RenamedKeyWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if issubclass(category, RenamedKeyWarning):
+            print(f"steadyrl: {message}", file=sys.stderr if file is None else file)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``steadyrl`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -74,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steadyrl {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
+    _one_line_notices()
     if name not in COMMANDS:
         print(f"steadyrl: unknown command {name!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2

@@ -23,7 +23,8 @@ def runs(tiny_overrides: list[str], tmp_path_factory: pytest.TempPathFactory) ->
     out = {}
     for method in ("grpo", "seq_tis"):
         d = tmp_path_factory.mktemp(method)
-        args = ["train", *tiny_overrides, f"method={method}", f"lag={LAG}", f"steps={STEPS}", "lr=3e-2", "eval.every=0",
+        args = ["train", *tiny_overrides, f"method={method}", f"runtime.lag.k={LAG}", f"steps={STEPS}", "lr=3e-2",
+                "eval.every=0",
                 "eval.n=16", "checkpoint.every=0", f"out_dir={d}"]  # fmt: skip
         assert main(args) == 0
         out[method] = d

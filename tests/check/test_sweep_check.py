@@ -43,7 +43,7 @@ def write_sweep(root: Path, *, planted_seed: bool = False, planted_key: bool = F
                         f"method={method}",
                         f"lr={lr}",
                         f"seed={real_seed}",
-                        f"sampling.temperature={temp}",
+                        f"rollout.temperature={temp}",
                         f"out_dir={root / name}",
                     ],
                 )
@@ -87,7 +87,7 @@ def test_an_arm_with_another_data_seed_fails(tmp_path: Path) -> None:
 
 def test_a_fixed_key_that_differs_fails(tmp_path: Path) -> None:
     f = by_rule(write_sweep(tmp_path, planted_key=True))
-    assert f["config_diff"].verdict == "FAIL" and "sampling.temperature" in f["config_diff"].message
+    assert f["config_diff"].verdict == "FAIL" and "rollout.temperature" in f["config_diff"].message
     assert f["seeds"].verdict == "PASS" and f["data_order"].verdict == "PASS"
 
 

@@ -225,7 +225,8 @@ def test_steadyrl_train_runs_smollm2_on_reasoning_gym_with_long_responses(smollm
     args = [
         "model.name=smollm2-135m-instruct", f"model.cache_dir={smollm2_cache}", "task=reasoning_gym",
         "task.dataset=basic_arithmetic", "task.chat=true", "steps=2", "prompts_per_step=2", "group_size=2",
-        "sampling.max_new_tokens=48", "lag=0", "eval.n=2", "eval.every=0", "checkpoint.every=0", "log.plot=false",
+        "rollout.max_new_tokens=48", "runtime.lag.k=0", "eval.n=2", "eval.every=0", "checkpoint.every=0",
+        "log.plot=false",
         "log.progress=false", "method=grpo", "lr=1e-6", "device=cpu", "runtime.threads=2", f"out_dir={out}",
     ]  # fmt: skip
     assert main(args) == 0

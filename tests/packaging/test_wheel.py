@@ -139,7 +139,7 @@ def test_the_wheel_adds_only_the_core_and_runs_there(tmp_path: Path) -> None:
         steps=2 lag=1 prompts_per_step=4 group_size=2 eval.every=0 eval.n=8 checkpoint.every=0
         model.arch.hidden_size=16 model.arch.num_layers=1 model.arch.num_heads=1 model.arch.intermediate_size=16
         model.warm_start.max_steps=5 model.warm_start.eval_every=5 model.warm_start.eval_problems=8
-        sampling.max_new_tokens=3 data.train_pool=16 runtime.threads=1 log.progress=false
+        rollout.max_new_tokens=3 data.train_pool=16 runtime.threads=1 log.progress=false
         """
     ).split()
     out = sh(bin_dir / "steadyrl", "train", *overrides, f"out_dir={tmp_path / 'train'}",

@@ -86,11 +86,11 @@ def test_a_run_with_every_snapshot_on_disk_equals_the_run_in_ram(
         return real_save(cls, state, path)
 
     monkeypatch.setattr(DiskState, "save", classmethod(save))
-    common = [*tiny_overrides, "lag=2", "steps=4", "eval.every=2", "checkpoint.every=0"]
+    common = [*tiny_overrides, "runtime.lag.k=2", "steps=4", "eval.every=2", "checkpoint.every=0"]
     assert main([*common, f"out_dir={tmp_path / 'ram'}"]) == 0
     spill = tmp_path / "spill"
-    assert main([*common, f"out_dir={tmp_path / 'disk'}", "runtime.snapshot_memory_gb=1e-9",
-                 f"runtime.snapshot_dir={spill}"]) == 0  # fmt: skip
+    assert main([*common, f"out_dir={tmp_path / 'disk'}", "runtime.lag.snapshot_memory_gb=1e-9",
+                 f"runtime.lag.snapshot_dir={spill}"]) == 0  # fmt: skip
     assert read_metrics(tmp_path / "ram" / "metrics.jsonl") == read_metrics(tmp_path / "disk" / "metrics.jsonl")
     assert len(saved) >= 5 and all(p.parent == spill for p in saved)  # every published snapshot went to disk
     assert not list(spill.glob("*.safetensors"))  # deleted when the run closed

@@ -16,7 +16,7 @@ from steadyrl.train.loop import StopFlag
 from tests.runtime.concurrent_harness import Hooked, run_with, steps_of
 
 pytestmark = pytest.mark.timeout(300)
-LOCAL = ["lag=0", "runtime.mode=local", "eval.every=0", "checkpoint.every=3"]
+LOCAL = ["runtime.lag.k=0", "runtime.mode=local", "eval.every=0", "checkpoint.every=3"]
 
 
 def run(tiny: list[str], out: Path, *extra: str, hook: Any = None, stop: StopFlag | None = None) -> tuple[Any, Hooked]:
@@ -24,7 +24,7 @@ def run(tiny: list[str], out: Path, *extra: str, hook: Any = None, stop: StopFla
 
 
 def test_sync_mode_trains_on_policy(tiny_overrides: list[str], tmp_path: Path) -> None:
-    result, _ = run(tiny_overrides, tmp_path / "sync", "steps=5", "runtime.sync=true")
+    result, _ = run(tiny_overrides, tmp_path / "sync", "steps=5", "runtime.concurrent.sync=true")
     recs = steps_of(tmp_path / "sync")
     assert result.steps_done == 5 and len(recs) == 5
     assert all(r["lag/max"] == 0 and r["lag/gen_mean"] == 0 for r in recs)
@@ -98,8 +98,8 @@ def test_pace_rejects_the_excess_over_its_target(tiny_overrides: list[str], tmp_
     """PACE as shipped (drift score: the learner re-scores pooled groups; EMA-smoothed rate): it rejects, the rate
     stays a share of the pool, and the pool settles near the target instead of filling to capacity."""
     out = tmp_path / "pace"
-    run(tiny_overrides, out, "steps=8", "pool.policy=pace", "pool.target_occupancy=24", "pool.capacity=64",
-        "pool.pace_ema=0.5")  # fmt: skip
+    run(tiny_overrides, out, "steps=8", "pool.policy=pace", "pool.pace.target_occupancy=24", "pool.capacity=64",
+        "pool.pace.ema=0.5")  # fmt: skip
     recs = steps_of(out)
     assert sum(r["pool/rejected"] for r in recs) > 0
     assert all(0.0 <= r["pool/pace_rate"] < 1.0 for r in recs)
@@ -107,5 +107,5 @@ def test_pace_rejects_the_excess_over_its_target(tiny_overrides: list[str], tmp_
 
 
 def test_lag_is_refused_outside_the_lag_runtime(tiny_overrides: list[str], tmp_path: Path, capsys) -> None:
-    assert main([*tiny_overrides, "runtime.mode=local", "lag=3", f"out_dir={tmp_path / 'x'}"]) == 2
+    assert main([*tiny_overrides, "runtime.mode=local", "runtime.lag.k=3", f"out_dir={tmp_path / 'x'}"]) == 2
     assert "pool.policy=max_staleness" in capsys.readouterr().err

@@ -23,7 +23,8 @@ from steadyrl.train.metrics import read_metrics
 from tests.runtime.concurrent_harness import Hooked, run_with, steps_of
 
 pytestmark = pytest.mark.timeout(300)
-RAY = ["lag=0", "runtime.mode=ray", "runtime.samplers=1", "eval.every=0", "checkpoint.every=3", "log.plot=false"]
+RAY = ["runtime.lag.k=0", "runtime.mode=ray", "runtime.concurrent.samplers=1", "eval.every=0", "checkpoint.every=3",
+       "log.plot=false"]
 NO_RAY = "Ray is not installed (pip install 'steadyrl[ray]')"
 P = 16  # prompts_per_step of tiny_overrides
 
@@ -75,7 +76,7 @@ def test_sync_mode_trains_on_policy_through_the_cli(
     ray_running: Any, tiny_overrides: list[str], tmp_path: Path
 ) -> None:
     out = tmp_path / "sync"
-    assert main([*tiny_overrides, *RAY, "steps=4", "runtime.sync=true", f"out_dir={out}"]) == 0
+    assert main([*tiny_overrides, *RAY, "steps=4", "runtime.concurrent.sync=true", f"out_dir={out}"]) == 0
     recs = steps_of(out)
     assert len(recs) == 4
     assert all(r["lag/max"] == 0 and r["lag/gen_mean"] == 0 for r in recs)

@@ -158,7 +158,7 @@ def test_shipped_lag64_sweep_reproduces_the_leads_comparison() -> None:
     for (method, seed), cfg in by.items():
         lr = 1.5e-4 if method == "seq_tis_lr1.5e-4" else 3e-4
         assert (cfg.steps, cfg.prompts_per_step, cfg.lr, cfg.seed) == (300, 16, lr, seed)
-        assert cfg.lag == (0 if method == "grpo" else 64)
+        assert cfg.runtime.lag.k == (0 if method == "grpo" else 64)
     assert by["seq_tis_guard", 0].method.name == "seq_tis" and by["seq_tis_guard", 0].guard.mode == "rollback"
     assert by["oapl_beta2_0.1", 1].method.options == {"objective.beta2": 0.1}
     assert [s.entry.reference for s in specs].count(True) == 2

@@ -36,4 +36,4 @@ def test_regime_length_makes_worked_steps_answers_that_fit_the_token_budget() ->
         assert run.config.task.worked_steps
         task = build_task(run.config.task)
         longest = max(len(task.demonstration(p)) for p in task.problems("eval", 64, seed=0))
-        assert 10 <= longest < run.config.sampling.max_new_tokens  # the answer + EOS fits (character tokens)
+        assert 10 <= longest < run.config.rollout.max_new_tokens  # the answer + EOS fits (character tokens)

@@ -19,8 +19,8 @@ def test_train_on_basic_arithmetic_with_100_token_responses(tmp_path: Path) -> N
     args = [
         "task=reasoning_gym", "task.dataset=basic_arithmetic", "task.eval_size=16",
         "task.config.min_terms=2", "task.config.max_terms=2", "task.config.min_digits=1", "task.config.max_digits=1",
-        "steps=2", "prompts_per_step=2", "group_size=2", f"sampling.max_new_tokens={MAX_NEW_TOKENS}", "eval.n=4",
-        "eval.every=1", "lag=0", "method=grpo", "data.train_pool=16",
+        "steps=2", "prompts_per_step=2", "group_size=2", f"rollout.max_new_tokens={MAX_NEW_TOKENS}", "eval.n=4",
+        "eval.every=1", "runtime.lag.k=0", "method=grpo", "data.train_pool=16",
         # A tiny model barely warm-started (seconds): it rarely ends a response early, so responses reach the cap.
         "model.arch.hidden_size=32", "model.arch.num_layers=2", "model.arch.num_heads=2",
         "model.arch.intermediate_size=64", "model.warm_start.max_steps=2", "model.warm_start.eval_every=2",

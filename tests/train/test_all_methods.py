@@ -26,7 +26,7 @@ from steadyrl.train.metrics import read_metrics
 
 STEPS = 3
 UPDATES, MINIBATCHES = 2, 2
-FAST = ["eval.every=0", "eval.n=16", "checkpoint.every=0", "lag=2", f"steps={STEPS}"]
+FAST = ["eval.every=0", "eval.n=16", "checkpoint.every=0", "runtime.lag.k=2", f"steps={STEPS}"]
 MULTI = [f"optim.updates_per_batch={UPDATES}", f"optim.minibatches={MINIBATCHES}"]
 
 

@@ -115,7 +115,7 @@ def test_several_updates_per_batch_clip_around_the_first_values(monkeypatch) -> 
 @pytest.mark.slow
 def test_steadyrl_train_brace(tiny_overrides: list[str], tmp_path: Path) -> None:
     out = tmp_path / "brace"
-    assert main([*tiny_overrides, "method=brace", "lag=2", "steps=8", f"out_dir={out}"]) == 0
+    assert main([*tiny_overrides, "method=brace", "runtime.lag.k=2", "steps=8", f"out_dir={out}"]) == 0
     steps = read_metrics(out / "metrics.jsonl")[:-1]
     assert len(steps) == 8
     assert [r.get("critic/warmup", 0.0) for r in steps[:6]] == [1.0] * 5 + [0.0]

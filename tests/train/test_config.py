@@ -32,11 +32,11 @@ def test_issue_keys_are_top_level_and_overrides_reach_sections() -> None:
         TrainConfig,
         overrides=[
             "task=chain_sum", "model.warm_start.target_accuracy=0.2", "method=seq_tis+gac", "method.seq_tis.cap=4",
-            "lag=32", "steps=5", "seed=3", "out_dir=runs/x", "group_size=4", "prompts_per_step=8", "lr=1e-4",
+            "runtime.lag.k=32", "steps=5", "seed=3", "out_dir=runs/x", "group_size=4", "prompts_per_step=8", "lr=1e-4",
             "optim.weight_decay=0.1", "eval.every=10",
         ],
     )
-    assert (cfg.lag, cfg.steps, cfg.seed, str(cfg.out_dir), cfg.group_size, cfg.prompts_per_step) == (
+    assert (cfg.runtime.lag.k, cfg.steps, cfg.seed, str(cfg.out_dir), cfg.group_size, cfg.prompts_per_step) == (
         32, 5, 3, "runs/x", 4, 8
     )
     assert cfg.lr == 1e-4 and cfg.optim.weight_decay == 0.1 and cfg.eval.every == 10
@@ -49,16 +49,16 @@ def test_issue_keys_are_top_level_and_overrides_reach_sections() -> None:
 @pytest.mark.parametrize(
     ("overrides", "pattern"),
     [
-        (["lagg=3"], r"unknown key 'lagg'; did you mean 'lag'\?\n.*valid keys at the top level: .*prompts_per_step"),
+        (["lagg=3"], r"unknown key 'lagg'; did you mean 'runtime.lag.k'\?\n.*valid keys at the top level: .*lr"),
         (["optim.lr=0.1"], r"unknown key 'optim.lr'; did you mean 'critic.lr' or 'lr'"),
-        (["lag=-1"], r"invalid value for 'lag': .*greater than or equal to 0 \(got -1\)"),
-        (["runtime.schedule=async"], r"'runtime.schedule': Input should be 'pipeline' or 'periodic' \(got 'async'\)"),
+        (["runtime.lag.k=-1"], r"invalid value for 'runtime.lag.k': .*greater than or equal to 0 \(got -1\)"),
+        (["runtime.lag.schedule=async"], r"'runtime.lag.schedule': Input should be 'pipeline' or 'periodic' \(got 'as"),
         (["task=sudoku"], r"'task'.*expected tags: 'chain_sum', 'basic_arithmetic', 'countdown'"),
         (["task.max_term=4"], r"unknown key 'task.max_term'; did you mean 'task.max_terms'"),
         (["method=seq_tiss"], r"unknown method 'seq_tiss' \(did you mean 'seq_tis'\?\)"),
         (["method.seq_tis.capp=2"], r"method.*seq_tis.capp|capp"),
         (["optim.minibatches=3"], r"optim.minibatches \(3\) must divide prompts_per_step \(64\)"),
-        (["runtime.schedule=periodic"], r"lag \(16\) applies to runtime.schedule=pipeline"),
+        (["runtime.lag.schedule=periodic"], r"runtime.lag.k \(16\) applies to runtime.lag.schedule=pipeline"),
         (["eval.n=600"], r"eval.n \(600\) exceeds the task's held-out set task.eval_size \(512\)"),
         (["lr=fast"], r"invalid value for 'lr': Input should be a valid number.*\(got 'fast'\)"),
     ],
@@ -98,8 +98,8 @@ def test_cli_exits_2_with_the_message(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["grpo_lag00"]) == 2
     assert "neither a file nor a shipped config (default, grpo_lag0" in capsys.readouterr().err
     assert main(["--frobnicate"]) == 2
-    assert main(["lag=4", f"out_dir={tmp_path}", "--print-config"]) == 0
-    assert "lag: 4" in capsys.readouterr().out
+    assert main(["runtime.lag.k=4", f"out_dir={tmp_path}", "--print-config"]) == 0
+    assert "  lag:\n    k: 4\n" in capsys.readouterr().out
 
 
 def test_without_a_config_file_overrides_edit_the_main_job(capsys: pytest.CaptureFixture[str]) -> None:
@@ -114,7 +114,7 @@ def test_without_a_config_file_overrides_edit_the_main_job(capsys: pytest.Captur
 def test_a_shipped_config_is_found_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["seq_tis_lag32", "--print-config"]) == 0
     printed = capsys.readouterr().out
-    assert "lag: 32" in printed and "out_dir: runs/seq_tis-lag32" in printed
+    assert "    k: 32\n" in printed and "out_dir: runs/seq_tis-lag32" in printed
 
 
 def test_help_documents_every_key(capsys: pytest.CaptureFixture[str]) -> None:

@@ -264,7 +264,7 @@ def test_critic_config_errors_name_the_field() -> None:
 
 # ------------------------------------------------------------------------------------------- end to end
 def test_steadyrl_train_copc_logs_the_critic_and_resumes_exactly(tiny_overrides: list[str], tmp_path: Path) -> None:
-    common = [*tiny_overrides, "method=copc", "lag=2", "critic.lr=1e-2"]
+    common = [*tiny_overrides, "method=copc", "runtime.lag.k=2", "critic.lr=1e-2"]
     straight = tmp_path / "straight"
     assert main([*common, "steps=10", f"out_dir={straight}"]) == 0
     records = read_metrics(straight / "metrics.jsonl")

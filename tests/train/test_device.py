@@ -114,7 +114,7 @@ def test_the_learner_sees_fp32_log_probs_under_bf16_mixed(method: str, monkeypat
 
 def test_bf16_mixed_trains_end_to_end_and_logs_the_lag0_mismatch(tiny_overrides: list[str], tmp_path: Path) -> None:
     out = tmp_path / "bf16"
-    args = [*tiny_overrides, "precision=bf16-mixed", "device=cpu", "lag=0", "steps=6", "eval.every=3",
+    args = [*tiny_overrides, "precision=bf16-mixed", "device=cpu", "runtime.lag.k=0", "steps=6", "eval.every=3",
             "checkpoint.every=0", "optim.microbatch_tokens=64", f"out_dir={out}"]  # fmt: skip
     assert main(args) == 0
     records = read_metrics(out / "metrics.jsonl")
@@ -129,7 +129,8 @@ def test_bf16_mixed_trains_end_to_end_and_logs_the_lag0_mismatch(tiny_overrides:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_learner_runs_on_the_gpu(tiny_overrides: list[str], tmp_path: Path) -> None:
     out = tmp_path / "cuda"
-    assert main([*tiny_overrides, "device=cuda", "precision=bf16-mixed", "steps=3", "lag=1", f"out_dir={out}"]) == 0
+    assert main([*tiny_overrides, "device=cuda", "precision=bf16-mixed", "steps=3", "runtime.lag.k=1",
+                 f"out_dir={out}"]) == 0
     assert len([r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]) == 3
 
 
@@ -138,10 +139,10 @@ def test_a_prompt_plus_budget_past_the_models_positions_is_one_line_before_step_
 ) -> None:
     """The tiny model has 512 positions; chain_sum prompts are ~6 characters: a 510-token budget cannot fit."""
     out = tmp_path / "long"
-    code = main([*tiny_overrides, "sampling.max_new_tokens=510", "steps=1", f"out_dir={out}"])
+    code = main([*tiny_overrides, "rollout.max_new_tokens=510", "steps=1", f"out_dir={out}"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "exceeds the model's max_position_embeddings (512)" in err and "sampling.max_new_tokens" in err
+    assert "exceeds the model's max_position_embeddings (512)" in err and "rollout.max_new_tokens" in err
     assert not (out / "metrics.jsonl").exists()
 
 

@@ -27,7 +27,7 @@ RUNS = {
 @pytest.mark.parametrize("name", list(RUNS))
 def test_two_steps_train(name: str, tiny_overrides: list[str], tmp_path: Path) -> None:
     out = tmp_path / name
-    assert main([*tiny_overrides, f"out_dir={out}", "steps=2", "lag=1", "eval.every=0", *RUNS[name]]) == 0
+    assert main([*tiny_overrides, f"out_dir={out}", "steps=2", "runtime.lag.k=1", "eval.every=0", *RUNS[name]]) == 0
     steps = read_metrics(out / "metrics.jsonl")[:-1]
     assert len(steps) == 2
     for r in steps:

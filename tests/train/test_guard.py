@@ -184,12 +184,12 @@ def test_guard_config_is_strict_and_documented() -> None:
 
 # ----------------------------------------------------------------------------------------------- end to end
 #: A hard KL limit no run stays under: an alarm at the first judged step (warmup + 1).
-FORCE = ["guard.kl_max=1e-4", "guard.warmup=6", "lag=3", "method=seq_tis"]
+FORCE = ["guard.kl_max=1e-4", "guard.warmup=6", "runtime.lag.k=3", "method=seq_tis"]
 
 
 def test_warn_writes_guard_jsonl_only_on_alarm(tiny_overrides: list[str], tmp_path: Path) -> None:
     quiet = tmp_path / "quiet"
-    assert main([*tiny_overrides, "steps=12", "lag=3", "method=seq_tis", f"out_dir={quiet}"]) == 0
+    assert main([*tiny_overrides, "steps=12", "runtime.lag.k=3", "method=seq_tis", f"out_dir={quiet}"]) == 0
     records = read_metrics(quiet / "metrics.jsonl")[:-1]
     assert not (quiet / GUARD_FILE).exists() and all(r["guard/alarm"] == 0 for r in records)
     loud = tmp_path / "loud"

@@ -109,7 +109,7 @@ def test_ewma_learner_tracks_the_weights_on_their_device() -> None:
 
 def test_behavior_snapshot_needs_the_lag_runtime() -> None:
     with pytest.raises(ConfigError, match="proximal=behavior_snapshot needs the snapshot ring"):
-        load_config(TrainConfig, overrides=["proximal=behavior_snapshot", "runtime.mode=local", "lag=0"])
+        load_config(TrainConfig, overrides=["proximal=behavior_snapshot", "runtime.mode=local", "runtime.lag.k=0"])
     model = build_tiny_model(ARCH, tokenizer=build_char_tokenizer(), seed=0)
     learner = Learner(model=model, method=resolve_method("grpo"), controllers=[], lr=1e-2, optim=OptimConfig(),
                       proximal="behavior_snapshot")  # fmt: skip
@@ -125,7 +125,8 @@ def test_behavior_snapshot_needs_the_lag_runtime() -> None:
 @pytest.mark.parametrize("proximal", ["behavior_snapshot", "ewma"])
 def test_steadyrl_train_with_old_logit_repair(proximal: str, tiny_overrides: list[str], tmp_path: Path) -> None:
     out = tmp_path / proximal
-    assert main([*tiny_overrides, "method=grpo", f"proximal={proximal}", "lag=2", "steps=4", f"out_dir={out}"]) == 0
+    assert main([*tiny_overrides, "method=grpo", f"proximal={proximal}", "runtime.lag.k=2", "steps=4",
+                 f"out_dir={out}"]) == 0
     steps = read_metrics(out / "metrics.jsonl")[:-1]
     assert len(steps) == 4 and all(r["train/skipped"] == 0 for r in steps)
     assert all(r["kl/discrepancy"] < 1e-8 for r in steps)  # fp32 transformers sampler: no mismatch

@@ -161,13 +161,14 @@ def test_learner_adds_the_correction_once(tmp_path: Path) -> None:
 
 def test_delay_needs_the_lag_runtime() -> None:
     with pytest.raises(ConfigError, match=r"task\.reward_delay=3 is implemented by runtime\.mode=lag"):
-        load_config(TrainConfig, overrides=["task.reward_delay=3", "runtime.mode=local", "lag=0"])
+        load_config(TrainConfig, overrides=["task.reward_delay=3", "runtime.mode=local", "runtime.lag.k=0"])
 
 
 @pytest.mark.slow
 def test_steadyrl_train_with_a_late_reward(tiny_overrides: list[str], tmp_path: Path) -> None:
     out = tmp_path / "rac"
-    assert main([*tiny_overrides, "method=grpo", "task.reward_delay=2", "lag=1", "steps=5", f"out_dir={out}"]) == 0
+    assert main([*tiny_overrides, "method=grpo", "task.reward_delay=2", "runtime.lag.k=1", "steps=5",
+                 f"out_dir={out}"]) == 0
     steps = read_metrics(out / "metrics.jsonl")[:-1]
     assert len(steps) == 5 and all(r["train/skipped"] == 0 for r in steps)
     assert ["rac/corr_mean" in r for r in steps] == [False, False, True, True, True]

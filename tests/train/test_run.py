@@ -25,7 +25,7 @@ REQUIRED = {
 
 def test_tiny_run_end_to_end_reward_rises(tiny_overrides: list[str], tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
-    args = [*tiny_overrides, f"out_dir={out}", "steps=60", "method=grpo", "lag=0", "log.timings=metrics"]
+    args = [*tiny_overrides, f"out_dir={out}", "steps=60", "method=grpo", "runtime.lag.k=0", "log.timings=metrics"]
     assert main(args) == 0
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(61))
@@ -47,7 +47,7 @@ def test_tiny_run_end_to_end_reward_rises(tiny_overrides: list[str], tmp_path: P
 
 
 def test_same_seed_gives_byte_identical_metrics(tiny_overrides: list[str], tmp_path: Path) -> None:
-    common = [*tiny_overrides, "steps=12", "lag=3", "method=seq_tis"]
+    common = [*tiny_overrides, "steps=12", "runtime.lag.k=3", "method=seq_tis"]
     assert main([*common, f"out_dir={tmp_path / 'a'}"]) == 0
     assert main([*common, f"out_dir={tmp_path / 'b'}"]) == 0
     a, b = (tmp_path / "a" / "metrics.jsonl").read_bytes(), (tmp_path / "b" / "metrics.jsonl").read_bytes()
@@ -62,7 +62,8 @@ def test_same_seed_gives_byte_identical_metrics(tiny_overrides: list[str], tmp_p
 
 def test_periodic_schedule_refreshes_the_sampler_every_l_steps(tiny_overrides: list[str], tmp_path: Path) -> None:
     out = tmp_path / "oapl"
-    overrides = ["steps=7", "lag=0", "method=oapl", "runtime.schedule=periodic", "runtime.refresh_every=3"]
+    overrides = ["steps=7", "runtime.lag.k=0", "method=oapl", "runtime.lag.schedule=periodic",
+                 "runtime.lag.refresh_every=3"]
     assert main([*tiny_overrides, *overrides, f"out_dir={out}"]) == 0
     steps = read_metrics(out / "metrics.jsonl")[:-1]
     assert [r["sample/version"] for r in steps] == [0, 0, 0, 3, 3, 3, 6]
@@ -86,7 +87,7 @@ class _StopAt:
 
 @pytest.mark.slow
 def test_interrupted_and_resumed_runs_write_the_same_metrics(tiny_overrides: list[str], tmp_path: Path, capsys) -> None:
-    common = [*tiny_overrides, "lag=4", "method=seq_tis+gac"]
+    common = [*tiny_overrides, "runtime.lag.k=4", "method=seq_tis+gac"]
     straight = tmp_path / "straight"
     assert main([*common, "steps=20", f"out_dir={straight}"]) == 0
     want = (straight / "metrics.jsonl").read_bytes()
@@ -96,7 +97,7 @@ def test_interrupted_and_resumed_runs_write_the_same_metrics(tiny_overrides: lis
     assert main([*common, "steps=10", f"out_dir={split}"]) == 0
     assert main([*common, "steps=20", f"out_dir={split}", "resume=true"]) == 0
     assert (split / "metrics.jsonl").read_bytes() == want
-    assert main([*common, "steps=30", "lag=5", f"out_dir={split}", "resume=true"]) == 2  # not the same run
+    assert main([*common, "steps=30", "runtime.lag.k=5", f"out_dir={split}", "resume=true"]) == 2  # not the same run
     assert "cannot resume" in capsys.readouterr().err and (split / "metrics.jsonl").read_bytes() == want
 
     # Ctrl-C during step 12: checkpoint at 13, resumed to 20
@@ -119,7 +120,8 @@ def test_interrupted_and_resumed_runs_write_the_same_metrics(tiny_overrides: lis
 def test_a_muon_run_resumes_to_the_same_metrics(tiny_overrides: list[str], tmp_path: Path) -> None:
     """optim.name=muon (Muon + AdamW, two optimizer states in the checkpoint): stopped at step 3 and resumed to 6, the
     metrics are those of the straight run."""
-    common = [*tiny_overrides, "lag=2", "method=grpo", "optim.name=muon", "optim.muon_lr=0.02", "eval.every=3",
+    common = [*tiny_overrides, "runtime.lag.k=2", "method=grpo", "optim.name=muon", "optim.muon.lr=0.02",
+              "eval.every=3",
               "eval.n=16", "checkpoint.every=3"]  # fmt: skip
     straight = tmp_path / "straight"
     assert main([*common, "steps=6", f"out_dir={straight}"]) == 0

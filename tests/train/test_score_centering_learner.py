@@ -82,7 +82,7 @@ def test_rollouts_without_the_record_are_refused() -> None:
 @pytest.mark.slow
 def test_steadyrl_train_runs_score_centering_top_k(tiny_overrides: list[str], tmp_path: Path) -> None:
     """A few steps at lag 2 with the top-k form (the behavior record goes through the lag ring's sampler)."""
-    args = [*tiny_overrides, "eval.every=0", "eval.n=16", "checkpoint.every=0", "lag=2", "steps=2",
+    args = [*tiny_overrides, "eval.every=0", "eval.n=16", "checkpoint.every=0", "runtime.lag.k=2", "steps=2",
             "method=score_centering", "method.objective.top_k=16", f"out_dir={tmp_path / 'sc'}"]  # fmt: skip
     assert main(args) == 0
     steps = read_metrics(tmp_path / "sc" / "metrics.jsonl")[:-1]

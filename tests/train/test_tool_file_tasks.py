@@ -88,7 +88,7 @@ def test_gsm8k_tool_runs_with_chat_prompts(
     monkeypatch.setattr(multiturn.ToolUse, "generate", spy)
     out = tmp_path / "run"
     argv = [
-        "gsm8k_tool", f"model.name={chat_model}", *gsm8k_files, f"out_dir={out}", "runtime.mode=lag", "lag=1",
+        "gsm8k_tool", f"model.name={chat_model}", *gsm8k_files, f"out_dir={out}", "runtime.mode=lag", "runtime.lag.k=1",
         "steps=2", "prompts_per_step=2", "group_size=2", "eval.n=2", "eval.every=0", "eval.batch_size=2",
         "data.train_pool=4", "tools.max_turns=2", "tools.max_total_tokens=24", "tools.max_tool_tokens=8",
         "tools.sandbox.workers=1", "runtime.threads=1", "log.progress=false", "log.plot=false", "checkpoint.every=0",

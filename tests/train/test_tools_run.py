@@ -35,7 +35,8 @@ def tool_overrides(tiny_overrides: list[str]) -> list[str]:
         "task.eval_size=128", "model.warm_start.eval_problems=16", "model.warm_start.eval_every=100",
         "model.warm_start.max_steps=300", "tools.enabled=true", "tools.share_calls=true", "tools.max_total_tokens=56",
         "tools.max_tool_tokens=12", "tools.sandbox.workers=2", "tools.sandbox.timeout_s=3", "tools.sandbox.cpu_s=2",
-        "tools.sandbox.max_procs=8", "eval.n=16", "eval.every=0", "prompts_per_step=4", "group_size=4", "lag=0",
+        "tools.sandbox.max_procs=8", "eval.n=16", "eval.every=0", "prompts_per_step=4", "group_size=4",
+        "runtime.lag.k=0",
         "method=seq_tis", "checkpoint.every=0",
     ]  # fmt: skip
 

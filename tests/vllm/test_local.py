@@ -21,7 +21,8 @@ pytestmark = [
 
 def test_local_runtime_samples_with_vllm_and_updates_its_weights(tiny_overrides: list[str], tmp_path: Path) -> None:
     args = [
-        *tiny_overrides, "model.arch.num_heads=1", "steps=4", "lag=0", "runtime.mode=local", "runtime.inflight=false",
+        *tiny_overrides, "model.arch.num_heads=1", "steps=4", "runtime.lag.k=0", "runtime.mode=local",
+        "runtime.concurrent.inflight=false",
         "pool.policy=max_staleness", "pool.max_staleness=1", "rollout.engine=vllm", f"out_dir={tmp_path}",
     ]  # fmt: skip
     assert main(args) == 0

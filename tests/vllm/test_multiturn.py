@@ -172,7 +172,8 @@ def test_local_runtime_samples_tool_turns_with_vllm(tiny_overrides: list[str], t
     from tests.train.test_tools_run import tool_overrides
 
     overrides = [*tool_overrides(tiny_overrides), "model.arch.num_heads=1", "steps=3", "rollout.engine=vllm",
-                 "runtime.mode=local", "runtime.inflight=false", "pool.policy=max_staleness", "pool.max_staleness=1",
+                 "runtime.mode=local", "runtime.concurrent.inflight=false", "pool.policy=max_staleness",
+                 "pool.max_staleness=1",
                  f"out_dir={tmp_path}"]  # fmt: skip
     assert main(overrides) == 0
     steps = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]

@@ -25,10 +25,10 @@ from steadyrl.train.entry import main
     ("overrides", "pattern"),
     [
         (["method=estr"], r"behavior entropy"),
-        (["runtime.mode=local", "lag=0"], r"runtime\.inflight=false"),
-        (["rollout.kv_cache_gb=0"], r"rollout\.kv_cache_gb"),
+        (["runtime.mode=local", "runtime.lag.k=0"], r"runtime\.inflight=false"),
+        (["rollout.vllm.kv_cache_gb=0"], r"rollout\.kv_cache_gb"),
         (["rollout.engine=sglang"], r"rollout\.engine"),
-        (["rollout.dtype=int8"], r"rollout\.dtype"),
+        (["rollout.vllm.dtype=int8"], r"rollout\.dtype"),
     ],
 )
 def test_vllm_engine_refuses_what_it_cannot_do(overrides: list[str], pattern: str) -> None:
@@ -37,8 +37,8 @@ def test_vllm_engine_refuses_what_it_cannot_do(overrides: list[str], pattern: st
 
 
 def test_what_the_vllm_engine_accepts() -> None:
-    cfg = load_config(TrainConfig, overrides=["rollout.engine=vllm", "runtime.mode=local", "lag=0",
-                                              "runtime.inflight=false"])  # fmt: skip
+    cfg = load_config(TrainConfig, overrides=["rollout.engine=vllm", "runtime.mode=local", "runtime.lag.k=0",
+                                              "runtime.concurrent.inflight=false"])  # fmt: skip
     assert cfg.rollout.engine == "vllm"
     assert load_config(TrainConfig, overrides=["tools.enabled=true"]).rollout.engine == "transformers"
     tools = load_config(TrainConfig, overrides=["rollout.engine=vllm", "tools.enabled=true"])  # multi-turn on vLLM
@@ -56,7 +56,7 @@ def test_settings_are_the_sections_fields() -> None:
 
 @pytest.mark.skipif(vllm_available(), reason="checks the error shown where vLLM is missing; it is installed here")
 def test_train_without_vllm_fails_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["rollout.engine=vllm", "lag=0", f"out_dir={tmp_path}"]) == 2
+    assert main(["rollout.engine=vllm", "runtime.lag.k=0", f"out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"steadyrl train: {SETUP_HINT}" and "bash scripts/setup_vllm.sh" in err
     assert not (tmp_path / "metrics.jsonl").exists()

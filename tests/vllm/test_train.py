@@ -22,7 +22,7 @@ HEAD_32 = "model.arch.num_heads=1"
 def test_train_with_vllm_has_the_transformers_schema_and_separates_mismatch_from_lag(
     tiny_overrides: list[str], tmp_path: Path
 ) -> None:
-    common = [*tiny_overrides, HEAD_32, "steps=4", "lag=1", "method=seq_tis", "eval.every=2"]
+    common = [*tiny_overrides, HEAD_32, "steps=4", "runtime.lag.k=1", "method=seq_tis", "eval.every=2"]
     assert main([*common, f"out_dir={tmp_path / 'hf'}"]) == 0
     assert main([*common, f"out_dir={tmp_path / 'vllm'}", "rollout.engine=vllm"]) == 0
     hf, vl = (read_metrics(tmp_path / name / "metrics.jsonl") for name in ("hf", "vllm"))

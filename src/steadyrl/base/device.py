@@ -40,6 +40,9 @@ from torch import Tensor, nn
 Precision = Literal["fp32", "bf16-mixed", "bf16"]
 #: The allowed values of ``precision`` (for error messages and the CLI's help).
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16-mixed", "bf16")
+#: The parameter dtype (by its ``torch`` name) each precision trains in: bf16 holds bfloat16 weights, the other two
+#: float32 (bf16-mixed casts inside autocast only).
+PARAM_DTYPES: dict[str, str] = {"fp32": "float32", "bf16-mixed": "float32", "bf16": "bfloat16"}
 #: ``device`` values: auto, cpu, cuda, cuda:N.
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 #: cuBLAS workspace for deterministic GEMMs (NVIDIA's documented setting; the other is ``:16:8``).
@@ -127,7 +130,7 @@ class Placement:
     @property
     def param_dtype(self) -> torch.dtype:
         """dtype of the parameters (and so of AdamW's moments): bfloat16 for ``bf16``, else float32."""
-        return torch.bfloat16 if self.precision == "bf16" else torch.float32
+        return getattr(torch, PARAM_DTYPES[self.precision])
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:
         """bf16 autocast on :attr:`device` for ``bf16-mixed``; a no-op otherwise."""
@@ -233,7 +236,6 @@ def host_values(values: Iterable[Tensor]) -> list[float]:
     return torch.stack([v.to(device=device, dtype=torch.float64) for v in items]).tolist()
 
 
-
 class LaggedCount:
     """A count the host reads without waiting for the device: the newest value whose copy has finished.
 
@@ -282,6 +284,7 @@ class LaggedCount:
                 self._pending = None
         return self.value
 
+
 class Float32OutputLinear(nn.Linear):
     """``nn.Linear`` whose product runs in float32 (at least) whatever autocast or the weights' dtype: the output
     layer of every placed model. The same map as ``nn.Linear`` (so the ghost gradient-norm pass treats it as one:
@@ -308,7 +311,7 @@ def fp32_output_layer(model: nn.Module) -> None:
 
 
 def sampler_placement(name: str, *, learner: Placement) -> Placement:
-    """Where a concurrent runtime's sampler generates (``runtime.sampler_device``): ``cpu`` (float32, whatever the
+    """Where a concurrent runtime's sampler generates (``rollout.device``): ``cpu`` (float32, whatever the
     learner's precision), ``learner`` (the learner's placement), or ``auto``/``cuda``/``cuda:N`` in the learner's
     precision."""
     if name == "cpu":

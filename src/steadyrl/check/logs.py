@@ -126,9 +126,9 @@ def steadyrl_facts(config_path: Path) -> RunFacts:
     per_step = cfg.optim.updates_per_batch * cfg.optim.minibatches
     rt = cfg.runtime
     if rt.mode == "lag":  # the lag at the last optimizer step of a learner step
-        steps = cfg.lag + 1 if rt.schedule == "pipeline" else rt.refresh_every
+        steps = rt.lag.k + 1 if rt.lag.schedule == "pipeline" else rt.lag.refresh_every
         bound: int | None = steps * per_step - 1
-    elif rt.sync:
+    elif rt.concurrent.sync:
         bound = per_step - 1
     elif cfg.pool.policy in ("max_staleness", "drop"):
         bound = cfg.pool.max_staleness + per_step - 1

@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from steadyrl.check.rules import Finding
+from steadyrl.config.renamed import RENAMED, move_renamed
 
 RUNS_NAME = "runs.json"
 #: What ``steadyrl sweep`` writes at its end: :func:`check_sweep`'s findings, one JSON object each.
@@ -84,7 +85,7 @@ class _Run:
         cfg_path = self.dir / "config.yaml"
         if not cfg_path.is_file():
             raise SweepCheckError(f"{self.dir}: no config.yaml (has the sweep run?)")
-        self.config = _flatten(yaml.safe_load(cfg_path.read_text()))
+        self.config = _flatten(move_renamed(yaml.safe_load(cfg_path.read_text()) or {}, warn=False))
         metrics = self.dir / "metrics.jsonl"
         lines = metrics.read_text().splitlines() if metrics.is_file() else []
         self.records = [json.loads(ln) for ln in lines if ln.strip()]
@@ -118,7 +119,7 @@ def _varied_keys(sweep_dir: Path) -> list[str]:
             for v in values:
                 if isinstance(v, Mapping) and "overrides" in v:
                     keys |= set(_flatten(v["overrides"]))
-    return sorted(keys)
+    return sorted(RENAMED.get(k, k) for k in keys)  # a sweep file may use a key's former name
 
 
 def load_runs(sweep_dir: Path) -> list[_Run]:

@@ -6,9 +6,10 @@ The scheme (used by ``steadyrl train``):
 2. Apply command-line overrides in order. ``a.b.c=value`` sets a nested key; ``value`` is parsed as YAML, safely
    (``lag=32`` is an int, ``lr=3e-4`` a float, ``optim.betas=[0.9,0.99]`` a list, ``out_dir=runs/x`` a string).
    Files and values use ``yaml.SafeLoader`` with one addition: ``3e-4`` (no dot) is a float, as in YAML 1.2.
-3. A section that has a ``name`` field (``task``, ``model``, ``method``) accepts a bare value as its name:
-   ``task: chain_sum`` in YAML and ``task=chain_sum`` on the command line set ``task.name`` and keep the section's
-   other keys.
+3. A section that has a ``name`` field (``task``, ``model``, ``method``, ``proximal``) accepts a bare value as its
+   name: ``task: chain_sum`` in YAML and ``task=chain_sum`` on the command line set ``task.name`` and keep the
+   section's other keys. A section with an ``enabled`` switch (``tools``, ``log.wandb``, ...) accepts a bare true or
+   false as it: ``log.wandb=true`` sets ``log.wandb.enabled``.
 4. Validate once. Every error names the dotted key; an unknown key lists the valid keys at its level and suggests
    the closest one (also a same-named key at another level, e.g. ``optim.lr`` → ``lr``).
 
@@ -35,6 +36,8 @@ from pydantic_core import PydanticUndefined, to_jsonable_python
 
 #: The field that a bare value of a section stands for (``task=chain_sum`` means ``task.name=chain_sum``).
 NAME_FIELD = "name"
+#: The field a bare true/false of a section without a name stands for (``log.wandb=true``).
+SWITCH_FIELD = "enabled"
 
 #: Width of the key column, and of the whole text, in ``--help``.
 HELP_KEY_WIDTH = 34
@@ -95,6 +98,11 @@ def _has_name(info: FieldInfo) -> bool:
     return bool(variants) and all(NAME_FIELD in cls.model_fields for cls in variants)
 
 
+def _has_switch(info: FieldInfo | None) -> bool:
+    variants = _variants(info.annotation) if info is not None else []
+    return bool(variants) and not _has_name(info) and all(SWITCH_FIELD in cls.model_fields for cls in variants)
+
+
 def _resolve_loc(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[list[str], type[BaseModel] | None]:
     """Map a pydantic error location to the dotted key the user wrote and the model class holding its last part.
 
@@ -141,14 +149,17 @@ def _describe(model: type[BaseModel], err: Mapping[str, Any]) -> str:
         parent_path, parent = _resolve_loc(model, tuple(err["loc"])[:-1])
         leaf = path[-1]
         valid = sorted(parent.model_fields) if parent is not None else []
-        hint = ""
         close = difflib.get_close_matches(leaf, valid, n=1)
+        elsewhere = sorted(k for k in _all_keys(model) if k.split(".")[-1] == leaf)
+        former = getattr(model, "former_keys", {})  # a misspelt former name: suggest its current key
+        moved = difflib.get_close_matches(key, list(former), n=1, cutoff=0.75)
+        hint = ""
         if close:
             hint = f"; did you mean {'.'.join([*parent_path, close[0]])!r}?"
-        else:
-            elsewhere = sorted(k for k in _all_keys(model) if k.split(".")[-1] == leaf)
-            if elsewhere:
-                hint = f"; did you mean {' or '.join(repr(k) for k in elsewhere)}?"
+        elif elsewhere:
+            hint = f"; did you mean {' or '.join(repr(k) for k in elsewhere)}?"
+        elif moved:
+            hint = f"; did you mean {former[moved[0]]!r}?"
         where = f"under {'.'.join(parent_path)!r}" if parent_path else "at the top level"
         return f"unknown key {key!r}{hint}\n    valid keys {where}: {', '.join(valid)}"
     msg = str(err["msg"])
@@ -224,6 +235,8 @@ def _normalize_names(model: type[BaseModel], data: dict[str, Any]) -> None:
                 data[key] = {NAME_FIELD: value}
             elif NAME_FIELD not in value and _default_name(info) is not None:
                 value[NAME_FIELD] = _default_name(info)
+        elif isinstance(value, bool) and _has_switch(info):
+            data[key] = {SWITCH_FIELD: value}
         elif isinstance(value, dict):
             variants = _variants(info.annotation)
             if len(variants) == 1:
@@ -252,6 +265,9 @@ def apply_override(model: type[BaseModel], data: dict[str, Any], parts: list[str
         if last:
             if info is not None and _has_name(info) and not isinstance(value, dict):
                 node[part] = _set_name(node.get(part), info, value)
+            elif _has_switch(info) and isinstance(value, bool):
+                keys = node.get(part)
+                node[part] = {**(keys if isinstance(keys, dict) else {}), SWITCH_FIELD: value}
             elif part == NAME_FIELD and parent_info is not None and _has_name(parent_info) and i > 0:
                 fresh = _set_name(node, parent_info, value)
                 node.clear()
@@ -261,12 +277,13 @@ def apply_override(model: type[BaseModel], data: dict[str, Any], parts: list[str
             return
         child = node.get(part)
         is_section = info is None or bool(_variants(info.annotation)) or _is_mapping(info.annotation)
-        if not is_section or (child is not None and not isinstance(child, dict) and not _has_name(info)):
+        bare = NAME_FIELD if info is not None and _has_name(info) else SWITCH_FIELD if _has_switch(info) else None
+        if not is_section or (child is not None and not isinstance(child, dict) and bare is None):
             raise ConfigError(f"override {'.'.join(parts)!r}: {'.'.join(parts[: i + 1])!r} is a value, not a section")
         if child is None:
             child = {}
         elif not isinstance(child, dict):
-            child = {NAME_FIELD: child}
+            child = {bare: child}
         node[part] = child
         node = child
         parent_info = info

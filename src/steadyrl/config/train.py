@@ -1,14 +1,19 @@
 """The configuration of ``steadyrl train``: one strict pydantic model, loaded from YAML plus ``key=value`` overrides.
 
-Key scheme (one name per setting, no aliases):
+Key scheme (one name per setting; a moved key's former name is read for one release, :mod:`steadyrl.config.renamed`):
 
-* The keys a run is usually varied by are **top level**: ``task``, ``model``, ``method``, ``lag``, ``steps``, ``seed``,
-  ``out_dir``, ``group_size``, ``prompts_per_step``, ``lr``, ``resume``.
-* Everything else lives in a **section**: ``sampling``, ``optim``, ``critic``, ``eval``, ``data``, ``checkpoint``,
-  ``runtime``, ``log``, ``guard``, ``pool``, ``tools``; override with dotted keys (``optim.weight_decay=0.1``,
-  ``eval.every=10``).
-* ``task``, ``model`` and ``method`` are sections with a ``name``; a bare value sets the name (``task=countdown``,
-  ``method=seq_tis+gac``). Method options go under ``method`` with the method's own dotted names
+* The keys a run is usually varied by are **top level**: ``task``, ``model``, ``method``, ``steps``, ``seed``,
+  ``out_dir``, ``group_size``, ``prompts_per_step``, ``lr``, ``resume``, and where it runs: ``device``, ``precision``
+  (the one setting of the training dtype; ``model.dtype`` may only repeat it).
+* Everything else lives in a **section**, grouped by what it configures: ``rollout`` (the sampler: lengths,
+  temperature, top-p/k, eval sampling ``rollout.eval``, the sampler processes' device and threads, the engine and
+  ``rollout.vllm``), ``runtime`` (``mode``, then ``runtime.lag`` with the lag ``k`` and ``runtime.concurrent``),
+  ``optim`` (``optim.muon``), ``proximal``, ``critic``, ``rac``, ``eval``, ``data``, ``checkpoint``, ``log``
+  (``log.wandb``, ``log.mlflow``), ``guard``, ``pool`` (``pool.pace``), ``tools``; override with dotted keys
+  (``optim.weight_decay=0.1``, ``runtime.lag.k=32``).
+* ``task``, ``model``, ``method`` and ``proximal`` are sections with a ``name``; a bare value sets the name
+  (``task=countdown``, ``method=seq_tis+gac``). A section with an ``enabled`` switch takes a bare true/false
+  (``log.wandb=true``). Method options go under ``method`` with the method's own dotted names
   (``method.seq_tis.cap=4``, ``method.agg=token-mean``; see ``steadyrl methods``).
 
 The field defaults are the README's main job; ``configs/default.yaml`` writes the same values out (a test checks it),
@@ -19,13 +24,14 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from steadyrl.base.device import DEVICE_PATTERN, Precision
+from steadyrl.base.device import DEVICE_PATTERN, PARAM_DTYPES, Precision
 from steadyrl.config.critic import CriticConfig
 from steadyrl.config.guard import GuardConfig
+from steadyrl.config.renamed import RENAMED, move_renamed
 from steadyrl.methods.resolve import behavior_record, required_inputs, resolve_method
 from steadyrl.methods.spec import MethodSpec
 from steadyrl.models import DEFAULT_MODEL_NAME, ModelConfig
@@ -113,81 +119,127 @@ class MethodConfig(_Section):
         return self
 
 
-class SamplingConfig(_Section):
-    """How the sampler draws G responses per prompt."""
+class VLLMConfig(_Section):
+    """How the vLLM engine is built when ``rollout.engine=vllm`` (docs/vllm.md); unused otherwise."""
 
-    max_new_tokens: int = Field(
-        12,
-        ge=1,
-        le=MAX_NEW_TOKENS,
-        description="Response length cap (tokens, EOS "
-        "included); a response that hits it is truncated (reward as scored).",
-    )
-    temperature: float = Field(
-        1.0,
-        gt=0,
-        le=100,
-        description="Sampling temperature; the learner's log-probs use "
-        "the same temperature, so at lag 0 the importance ratio is 1.",
-    )
-    top_p: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="Nucleus truncation (1 = off). behav_logp is recorded under "
-        "the truncated distribution, so top_p < 1 is itself an off-policy mismatch.",
-    )
-    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
-
-
-class RolloutConfig(_Section):
-    """Which engine samples the rollouts, and how vLLM is built when it does (docs/vllm.md).
-
-    ``transformers`` (default): :func:`steadyrl.rollout.sampler.generate` in the sampler's own process. ``vllm``:
-    :class:`steadyrl.rollout.vllm_engine.VLLMEngine`, a ``vllm.LLM`` in a child process with weights updated in place
-    (needs vLLM: ``bash scripts/setup_vllm.sh``, then ``.venv-vllm/bin/steadyrl``). The other fields apply to vllm only.
-    """
-
-    engine: Literal["transformers", "vllm"] = Field(
-        "transformers",
-        description="transformers: steadyrl's own "
-        "KV-cache sampler; vllm: a vLLM engine (CPU build here, the "
-        "device where vLLM finds one). vllm adds the mismatch/* metrics "
-        "in runtime.mode=lag.",
-    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
-        description="vllm: dtype of the engine's weights and activations (the trainer keeps model.dtype); auto: "
+        description="dtype of the engine's weights and activations (the trainer keeps the precision's); auto: "
         "float32 on the CPU, bfloat16 on a GPU. Lower precision shows up in mismatch/*.",
     )
     kv_cache_gb: float | None = Field(
         1.0,
         gt=0,
         le=65_536,
-        description="vllm: KV-cache memory in GiB (CPU RAM, or "
-        "device memory on a GPU); null: vLLM sizes it from gpu_memory_utilization.",
+        description="KV-cache memory in GiB (CPU RAM, or device memory on a GPU); null: vLLM sizes it from "
+        "gpu_memory_utilization.",
     )
     max_model_len: int | None = Field(
         None,
         ge=2,
         le=10_000_000,
-        description="vllm: longest prompt + response in tokens (null: the model's max_position_embeddings).",
+        description="Longest prompt + response in tokens (null: the model's max_position_embeddings).",
     )
     enforce_eager: bool | None = Field(
         None,
-        description="vllm: no CUDA graphs or torch.compile (fast start-up; false decodes faster after a slower "
-        "start); null: true on the CPU, false on a GPU.",
+        description="No CUDA graphs or torch.compile (fast start-up; false decodes faster after a slower start); "
+        "null: true on the CPU, false on a GPU.",
     )
     gpu_memory_utilization: float = Field(
         0.5,
         gt=0,
         le=1,
-        description="vllm: fraction of device memory (CPU: RAM) "
-        "vLLM may take when kv_cache_gb is null; keep room for the learner when "
-        "both share a GPU.",
+        description="Fraction of device memory (CPU: RAM) vLLM may take when kv_cache_gb is null; keep room for the "
+        "learner when both share a GPU.",
     )
     max_num_seqs: int | None = Field(
-        None, ge=1, le=MAX_BATCH, description="vllm: rows decoded together (null: vLLM's default)."
+        None, ge=1, le=MAX_BATCH, description="Rows decoded together (null: vLLM's default)."
+    )
+
+
+class EvalSamplingConfig(_Section):
+    """How the held-out eval samples (``eval.*`` says when and on how many problems)."""
+
+    greedy: bool = Field(False, description="Greedy decoding (top_k = 1) instead of sampling.")
+    temperature: float = Field(1.0, gt=0, le=100, description="Sampling temperature of the eval (ignored if greedy).")
+
+
+class RolloutConfig(_Section):
+    """The sampler: how it draws G responses per prompt, where it runs, and which engine runs it.
+
+    ``engine=transformers`` (default): :func:`steadyrl.rollout.sampler.generate` in the sampler's own process.
+    ``engine=vllm``: :class:`steadyrl.rollout.vllm_engine.VLLMEngine`, a ``vllm.LLM`` in a child process with weights
+    updated in place (needs vLLM: ``bash scripts/setup_vllm.sh``, then ``.venv-vllm/bin/steadyrl``), built as
+    ``rollout.vllm.*`` says.
+    """
+
+    engine: Literal["transformers", "vllm"] = Field(
+        "transformers",
+        description="transformers: steadyrl's own KV-cache sampler; vllm: a vLLM engine (CPU build here, the device "
+        "where vLLM finds one). vllm adds the mismatch/* metrics in runtime.mode=lag.",
+    )
+    max_new_tokens: int = Field(
+        12,
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        description="Response length cap (tokens, EOS included); a response that hits it is truncated (reward as "
+        "scored).",
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0,
+        le=100,
+        description="Sampling temperature; the learner's log-probs use the same temperature, so at lag 0 the "
+        "importance ratio is 1.",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Nucleus truncation (1 = off). behav_logp is recorded under the truncated distribution, so "
+        "top_p < 1 is itself an off-policy mismatch.",
+    )
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
+    eval: EvalSamplingConfig = Field(default_factory=EvalSamplingConfig, description="How the held-out eval samples.")
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|learner|auto|cuda|cuda:\d+)$",
+        description="runtime.mode=local/ray: where each sampler process generates: cpu (float32), learner (the "
+        "learner's device and precision), auto, cuda or cuda:N (the learner's precision; under bf16-mixed the "
+        "sampler's linear layers hold bfloat16 weights). runtime.mode=lag samples beside the learner.",
+    )
+    threads: int = Field(
+        1, ge=1, le=1024, description="runtime.mode=local/ray: torch CPU threads of each sampler process."
+    )
+    batch: int = Field(
+        0,
+        ge=0,
+        le=MAX_BATCH,
+        description="runtime.mode=local/ray: groups (prompts) a sampler generates per call (0: prompts_per_step / "
+        "runtime.concurrent.samplers, at least 1).",
+    )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="engine=vllm: how the vLLM engine is built.")
+
+    def resolved_batch(self, prompts_per_step: int, samplers: int) -> int:
+        """``batch`` with 0 resolved to its default."""
+        return self.batch or max(1, prompts_per_step // samplers)
+
+
+class MuonConfig(_Section):
+    """Muon's settings when ``optim.name=muon`` (torch.optim.Muon on the hidden 2-D weight matrices)."""
+
+    lr: float | None = Field(None, gt=0, le=1, description="Muon's learning rate (None: the run's lr, which the "
+                             "match_rms_adamw adjustment makes comparable; ours).")  # fmt: skip
+    momentum: float = Field(0.95, ge=0, lt=1, description="Muon's momentum (torch's and Jordan et al.'s default "
+                            "0.95).")  # fmt: skip
+    nesterov: bool = Field(True, description="Nesterov momentum (torch's default).")
+    weight_decay: float | None = Field(None, ge=0, le=10, description="Muon's decoupled weight decay (None: "
+                                       "optim.weight_decay; ours).")  # fmt: skip
+    ns_steps: int = Field(5, ge=1, le=20, description="Newton–Schulz steps (torch's default).")
+    adjust_lr: Literal["original", "match_rms_adamw"] = Field(
+        "match_rms_adamw",
+        description="The update's scale, Keller Jordan's sqrt(max(1, A/B)) (original) or "
+        "Moonshot's 0.2·sqrt(max(A, B)) that matches AdamW's update RMS (arXiv 2502.16982; ours).",
     )
 
 
@@ -195,22 +247,14 @@ class OptimConfig(_Section):
     """The optimizer (AdamW, or Muon + AdamW) and the optimization phase of each learner step (the learning rate is
     the top-level ``lr``)."""
 
-    name: Literal["adamw", "muon"] = Field("adamw", description="adamw: AdamW on every parameter. muon: "
-                                           "torch.optim.Muon on the hidden 2-D weight matrices and AdamW on the "
-                                           "embeddings, the output layer, norms and biases (arXiv 2610.20256, "
-                                           "2607.16169; steadyrl.train.optim).")
-    muon_lr: float | None = Field(None, gt=0, le=1, description="optim.name=muon: Muon's learning rate (None: the "
-                                  "run's lr, which the match_rms_adamw adjustment makes comparable; ours).")
-    muon_momentum: float = Field(0.95, ge=0, lt=1, description="optim.name=muon: Muon's momentum (torch's and "
-                                 "Jordan et al.'s default 0.95).")
-    muon_nesterov: bool = Field(True, description="optim.name=muon: Nesterov momentum (torch's default).")
-    muon_weight_decay: float | None = Field(None, ge=0, le=10, description="optim.name=muon: Muon's decoupled "
-                                            "weight decay (None: optim.weight_decay; ours).")
-    muon_ns_steps: int = Field(5, ge=1, le=20, description="optim.name=muon: Newton–Schulz steps (torch's default).")
-    muon_adjust_lr: Literal["original", "match_rms_adamw"] = Field(
-        "match_rms_adamw", description="optim.name=muon: the update's scale, Keller Jordan's sqrt(max(1, A/B)) "
-        "(original) or Moonshot's 0.2·sqrt(max(A, B)) that matches AdamW's update RMS (arXiv 2502.16982; ours)."
+    name: Literal["adamw", "muon"] = Field(
+        "adamw",
+        description="adamw: AdamW on every parameter. muon: "
+        "torch.optim.Muon on the hidden 2-D weight matrices and AdamW on the "
+        "embeddings, the output layer, norms and biases (arXiv 2610.20256, "
+        "2607.16169; steadyrl.train.optim).",
     )
+    muon: MuonConfig = Field(default_factory=MuonConfig, description="optim.name=muon: Muon's settings.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (β1, β2).")
     eps: float = Field(1e-8, gt=0, le=1, description="AdamW ε.")
     weight_decay: float = Field(0.0, ge=0, le=10, description="AdamW decoupled weight decay.")
@@ -269,8 +313,11 @@ class RacConfig(_Section):
     """Retroactive Advantage Correction (arXiv 2606.27580; the authors' ``rac`` primitive): applied when a batch's
     true reward arrives ``task.reward_delay`` steps late. Defaults are the authors' constants."""
 
-    enabled: bool = Field(True, description="Apply the correction when a delayed reward arrives (false: the late "
-                          "reward is ignored and the proxy stands, the no-correction baseline).")
+    enabled: bool = Field(
+        True,
+        description="Apply the correction when a delayed reward arrives (false: the late "
+        "reward is ignored and the proxy stands, the no-correction baseline).",
+    )
     alpha: float = Field(1.0, ge=0, le=1000, description="α of δ_i = α·(r_slow,i − b_i).")
     tau_age: float = Field(50.0, gt=0, le=1e9, description="τ_age of the age discount exp(−Δ/τ_age).")
     rho_bar: float = Field(1.2, gt=0, le=1e6, description="ρ̄ of the sequence ratio min(ρ̄, π_{t+Δ}(y)/μ(y)).")
@@ -278,7 +325,8 @@ class RacConfig(_Section):
 
 
 class EvalConfig(_Section):
-    """Held-out accuracy on a fixed set of eval problems: at step 0, every ``every`` steps and at the end."""
+    """Held-out accuracy on a fixed set of eval problems: at step 0, every ``every`` steps and at the end (how it
+    samples: ``rollout.eval.*``)."""
 
     every: int = Field(
         25, ge=0, le=MAX_STEPS, description="Evaluate every this many learner steps (0: only at step 0 and at the end)."
@@ -290,8 +338,6 @@ class EvalConfig(_Section):
         description="Number of held-out problems (the same set at every eval). "
         "Keep it >= 256: at 512 the standard error of an accuracy near 0.4 is about 0.02.",
     )
-    greedy: bool = Field(False, description="Greedy decoding (top_k = 1) instead of sampling.")
-    temperature: float = Field(1.0, gt=0, le=100, description="Sampling temperature of the eval (ignored if greedy).")
     batch_size: int = Field(512, ge=1, le=MAX_BATCH, description="Prompts per generate call during eval.")
 
 
@@ -316,96 +362,98 @@ class CheckpointConfig(_Section):
     keep: int = Field(2, ge=1, le=1000, description="Checkpoints to keep (older ones are deleted).")
 
 
-class RuntimeConfig(_Section):
-    """How rollouts are produced: ``lag`` (exact-lag emulation, one process), ``local`` (concurrent sampler processes
-    on this machine) or ``ray`` (sampler actors on a Ray cluster). See docs/runtime.md."""
+class LagRuntimeConfig(_Section):
+    """``runtime.mode=lag``: the exact-lag emulation's staleness and the ring of stale weights it keeps."""
 
-    mode: Literal["lag", "local", "ray"] = Field(
-        "lag",
-        description="lag: deterministic emulation of a sampler running exactly `lag` steps ahead (one process); "
-        "local: runtime.samplers sampler processes run concurrently with the learner, staleness comes from real "
-        "timing and the pool.* policy; ray: the same roles as Ray actors (runtime.ray_address).",
+    k: int = Field(
+        16,
+        ge=0,
+        le=MAX_LAG,
+        description="Policy lag k: step t's batch is sampled by the weights of step max(0, t − k) (pipeline "
+        "schedule; 0 = synchronous on-policy).",
     )
     schedule: Literal["pipeline", "periodic"] = Field(
         "pipeline",
-        description="lag mode: pipeline: step t samples with the weights of step max(0, t − lag) (PipelineRL-k); "
-        "periodic: the sampler takes the learner's weights every refresh_every steps (OAPL's setting).",
+        description="pipeline: step t samples with the weights of step max(0, t − k) (PipelineRL-k); periodic: the "
+        "sampler takes the learner's weights every refresh_every steps (OAPL's setting; k must be 0).",
     )
     refresh_every: int = Field(50, ge=1, le=MAX_STEPS, description="Steps between sampler refreshes (periodic only).")
-    threads: int = Field(
-        2,
-        ge=0,
-        le=1024,
-        description="torch CPU threads of the learner process (0: torch's "
-        "default); the warm start uses its own model.warm_start.threads. Byte-identical "
-        "metrics need the same thread count.",
+    snapshot_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        le=1 << 20,
+        description="RAM for the ring of stale weights (k+1 copies in the model's dtype); copies past it go to "
+        "snapshot_dir as memory-mapped safetensors. None: half the RAM available at start. A ring that fits neither "
+        "is an error before step 0.",
     )
-    deterministic: bool = Field(
-        True,
-        description="torch.use_deterministic_algorithms (warn_only) during the run: "
-        "with 2+ threads the CPU's default index_put_ accumulate (the backward of indexing) "
-        "adds in thread order, so two runs of one config differed at float rounding from "
-        "step 13 (docs/results.md, Reproducibility). false: torch's defaults.",
+    snapshot_dir: Path | None = Field(
+        None,
+        description="Where snapshots past snapshot_memory_gb are written (None: <out_dir>/snapshots; deleted as the "
+        "ring moves on).",
     )
-    samplers: int = Field(1, ge=1, le=1024, description="local/ray: number of sampler processes (actors).")
-    sampler_threads: int = Field(1, ge=1, le=1024, description="local/ray: torch CPU threads of each sampler.")
-    sampler_device: str = Field(
-        "cpu",
-        pattern=r"^(cpu|learner|auto|cuda|cuda:\d+)$",
-        description="local/ray: where "
-        "each sampler generates: cpu (float32), learner (the learner's device and "
-        "precision), auto, cuda or cuda:N (the learner's precision; under bf16-mixed the "
-        "sampler's linear layers hold bfloat16 weights).",
-    )
-    sampler_batch: int = Field(
-        0,
-        ge=0,
-        le=MAX_BATCH,
-        description="local/ray: groups (prompts) a sampler generates "
-        "per call (0: prompts_per_step / samplers, at least 1).",
-    )
+
+
+class ConcurrentRuntimeConfig(_Section):
+    """``runtime.mode=local`` and ``ray``: sampler processes (actors) running concurrently with the learner; their
+    sampling settings are ``rollout.*``, the pool between them and the learner ``pool.*``."""
+
+    samplers: int = Field(1, ge=1, le=1024, description="Number of sampler processes (actors).")
     sync: bool = Field(
         False,
-        description="local/ray: synchronous mode in the same runtime: samplers generate step "
-        "t's batch only after the learner published step t's weights, and the learner waits for it "
-        "(lag 0; the fair baseline for wall-clock comparisons).",
+        description="Synchronous mode in the same runtime: samplers generate step t's batch only after the learner "
+        "published step t's weights, and the learner waits for it (lag 0; the fair baseline for wall-clock "
+        "comparisons).",
     )
     inflight: bool = Field(
         True,
-        description="local/ray: in-flight weight updates: a sampler loads newer weights "
-        "between decode steps of a batch (the KV cache is kept) and every token records the "
-        "version that produced it (PipelineRL, AReaL). False: weights change only between calls.",
+        description="In-flight weight updates: a sampler loads newer weights between decode steps of a batch (the KV "
+        "cache is kept) and every token records the version that produced it (PipelineRL, AReaL). False: weights "
+        "change only between calls.",
     )
     stall_timeout_s: float = Field(
         600.0,
         gt=0,
         le=1e6,
-        description="local/ray: the learner gives up with an error "
-        "after waiting this long for a batch with no group arriving.",
-    )
-    snapshot_memory_gb: float | None = Field(
-        None,
-        gt=0,
-        le=1 << 20,
-        description="lag: RAM for the ring of stale "
-        "weights (lag+1 copies in the model's dtype); copies past it go to "
-        "runtime.snapshot_dir as memory-mapped safetensors. None: half the RAM "
-        "available at start. A ring that fits neither is an error before step 0.",
-    )
-    snapshot_dir: Path | None = Field(
-        None,
-        description="lag: where snapshots past snapshot_memory_gb are written "
-        "(None: <out_dir>/snapshots; deleted as the ring moves on).",
+        description="The learner gives up with an error after waiting this long for a batch with no group arriving.",
     )
     ray_address: str | None = Field(
         None,
-        description="ray: address of an existing cluster (e.g. 'ray://head:10001' "
-        "or 'auto'); None starts a local Ray with num_cpus = samplers + 1, no dashboard.",
+        description="ray: address of an existing cluster (e.g. 'ray://head:10001' or 'auto'); None starts a local "
+        "Ray with num_cpus = samplers + 1, no dashboard.",
     )
 
-    def resolved_sampler_batch(self, prompts_per_step: int) -> int:
-        """``sampler_batch`` with 0 resolved to its default."""
-        return self.sampler_batch or max(1, prompts_per_step // self.samplers)
+
+class RuntimeConfig(_Section):
+    """How rollouts are produced: ``lag`` (exact-lag emulation, one process), ``local`` (concurrent sampler processes
+    on this machine) or ``ray`` (sampler actors on a Ray cluster); each mode's settings are its sub-section. See
+    docs/runtime.md."""
+
+    mode: Literal["lag", "local", "ray"] = Field(
+        "lag",
+        description="lag: deterministic emulation of a sampler running exactly runtime.lag.k steps ahead (one "
+        "process); local: runtime.concurrent.samplers sampler processes run concurrently with the learner, staleness "
+        "comes from real timing and the pool.* policy; ray: the same roles as Ray actors "
+        "(runtime.concurrent.ray_address).",
+    )
+    threads: int = Field(
+        2,
+        ge=0,
+        le=1024,
+        description="torch CPU threads of the learner process (0: torch's default); each sampler process has "
+        "rollout.threads and the warm start model.warm_start.threads. Byte-identical metrics need the same thread "
+        "count.",
+    )
+    deterministic: bool = Field(
+        True,
+        description="torch.use_deterministic_algorithms (warn_only) during the run: with 2+ threads the CPU's "
+        "default index_put_ accumulate (the backward of indexing) adds in thread order, so two runs of one config "
+        "differed at float rounding from step 13 (docs/results.md, Reproducibility). false: torch's defaults.",
+    )
+    lag: LagRuntimeConfig = Field(default_factory=LagRuntimeConfig, description="runtime.mode=lag: the lag k and "
+                                  "the snapshot ring.")  # fmt: skip
+    concurrent: ConcurrentRuntimeConfig = Field(
+        default_factory=ConcurrentRuntimeConfig, description="runtime.mode=local/ray: the sampler processes."
+    )
 
 
 class ToolsConfig(_Section):
@@ -414,7 +462,7 @@ class ToolsConfig(_Section):
     When enabled, every sampler (runtime lag, local and ray) and the held-out eval generate with
     ``generate_multiturn``: a closed call (``call_open`` code ``call_close``) runs in a :class:`SandboxPool` the
     sampler owns, its output is appended as a tool turn (attended, never trained on: ``tool_mask``), and generation
-    continues, up to ``max_turns`` model turns and ``max_total_tokens`` response tokens (``sampling.max_new_tokens``
+    continues, up to ``max_turns`` model turns and ``max_total_tokens`` response tokens (``rollout.max_new_tokens``
     is then unused). Rewards score the last model turn only. See docs/tools.md.
     """
 
@@ -483,6 +531,53 @@ class ToolsConfig(_Section):
                        max_tool_tokens=self.max_tool_tokens, tool_format=self.call_format())  # fmt: skip
 
 
+class _Switchable(_Section):
+    """A section with an ``enabled`` switch: a bare true/false stands for it (``log.wandb=true``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_value_is_enabled(cls, data: Any) -> Any:
+        return {"enabled": data} if isinstance(data, bool) else data
+
+
+class WandbConfig(_Switchable):
+    """Weights & Biases: every metrics record (step = learner step) and the resolved config; files in
+    ``<out_dir>/wandb`` (needs requirements/logging.txt)."""
+
+    enabled: bool = Field(False, description="Log the run to W&B.")
+    project: str = Field(
+        "steadyrl",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[^/\\#?%:]+$",
+        description="W&B project; the run is named after out_dir.",
+    )
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline",
+        description="offline: no account or network, upload later with `wandb sync <out_dir>/wandb/"
+        "offline-run-*`; online: stream to the W&B server (needs `wandb login`); disabled: a no-op run.",
+    )
+
+
+class MlflowConfig(_Switchable):
+    """MLflow: the flattened config as params and every metrics record as metrics (step = learner step; needs
+    requirements/logging.txt)."""
+
+    enabled: bool = Field(False, description="Log the run to MLflow.")
+    uri: str | None = Field(
+        None,
+        min_length=1,
+        description="Tracking URI (a server http://..., sqlite:///path.db, ...); None = sqlite:///<out_dir>/mlflow.db, "
+        "no server.",
+    )
+    experiment: str = Field(
+        "steadyrl",
+        min_length=1,
+        max_length=500,
+        description="Experiment (created if missing); the run is named after out_dir.",
+    )
+
+
 class LogConfig(_Section):
     """Outputs besides metrics.jsonl."""
 
@@ -494,39 +589,11 @@ class LogConfig(_Section):
         description="Where the wall-clock keys time/* go: into metrics.jsonl, or into timings.jsonl so that "
         "metrics.jsonl is byte-identical between two runs of the same config and seed.",
     )
-    wandb: bool = Field(
-        False,
-        description="Also log every metrics record (step = learner step) and the resolved "
-        "config to Weights & Biases; files in <out_dir>/wandb (needs requirements/logging.txt).",
+    wandb: WandbConfig = Field(
+        default_factory=WandbConfig, description="Weights & Biases; a bare value sets enabled (log.wandb=true)."
     )
-    wandb_project: str = Field(
-        "steadyrl",
-        min_length=1,
-        max_length=128,
-        pattern=r"^[^/\\#?%:]+$",
-        description="W&B project; the run is named after out_dir.",
-    )
-    wandb_mode: Literal["offline", "online", "disabled"] = Field(
-        "offline",
-        description="offline: no account or network, upload later with `wandb sync <out_dir>/wandb/"
-        "offline-run-*`; online: stream to the W&B server (needs `wandb login`); disabled: a no-op run.",
-    )
-    mlflow: bool = Field(
-        False,
-        description="Also log the flattened config as params and every metrics record as "
-        "MLflow metrics (step = learner step; needs requirements/logging.txt).",
-    )
-    mlflow_uri: str | None = Field(
-        None,
-        min_length=1,
-        description="MLflow tracking URI (a server http://..., "
-        "sqlite:///path.db, ...); None = sqlite:///<out_dir>/mlflow.db, no server.",
-    )
-    mlflow_experiment: str = Field(
-        "steadyrl",
-        min_length=1,
-        max_length=500,
-        description="MLflow experiment (created if missing); the run is named after out_dir.",
+    mlflow: MlflowConfig = Field(
+        default_factory=MlflowConfig, description="MLflow; a bare value sets enabled (log.mlflow=true)."
     )
     metric_names: Literal["steadyrl", "verl", "trl", "openrlhf"] = Field(
         "steadyrl",
@@ -536,8 +603,36 @@ class LogConfig(_Section):
     )
 
 
+class ProximalConfig(_Section):
+    """π_prox of the loss and the mismatch split it enables (arXiv 2605.12070)."""
+
+    name: Literal["current", "behavior_snapshot", "ewma"] = Field(
+        "current",
+        description="current (the learner's weights at the batch's first optimizer step: recomputed, or "
+        "π_θ detached with one update per batch) | behavior_snapshot (each token's log-prob under its behavior "
+        "version's weights, recomputed by the trainer from the lag ring's snapshot; runtime.mode=lag) | ewma "
+        "(PPO-EWMA: an exponentially weighted average of the weights, proximal.beta). Both repairs log "
+        "kl/discrepancy and kl/staleness.",
+    )
+    beta: float = Field(
+        0.9,
+        ge=0,
+        lt=1,
+        description="proximal=ewma: β of W ← βW + 1, θ_ewma ← (βW_prev/W)θ_ewma + "
+        "θ/W after each optimizer step (PPO-EWMA, Hilton et al. 2021; the value 0.9 is ours).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_value_is_name(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+
 class TrainConfig(_Section):
     """Everything ``steadyrl train`` needs. Field defaults are the README's main job."""
+
+    #: Former dotted names of moved keys → their current ones (read for one more release; unknown-key hints).
+    former_keys: ClassVar[dict[str, str]] = RENAMED
 
     task: TaskConfig = Field(
         default_factory=lambda: MAIN_JOB_TASK, description="The verifiable task (see its name's keys)."
@@ -559,13 +654,6 @@ class TrainConfig(_Section):
         "AdamW) | bf16 (bf16 weights); the output layer and every log-prob are fp32 in all "
         "three (steadyrl.base.device).",
     )
-    lag: int = Field(
-        16,
-        ge=0,
-        le=MAX_LAG,
-        description="Policy lag k: step t's batch is sampled by the weights of "
-        "step max(0, t − k) (pipeline schedule; 0 = synchronous on-policy).",
-    )
     steps: int = Field(200, ge=1, le=MAX_STEPS, description="Learner steps (each: sample a batch, optimize on it).")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the model, problem order, sampling and eval.")
     out_dir: Path = Field(
@@ -586,30 +674,31 @@ class TrainConfig(_Section):
     )
     resume: bool = Field(False, description="Continue the run in out_dir from its latest valid checkpoint.")
     overwrite: bool = Field(False, description="Delete an existing run in out_dir instead of refusing to start.")
-    proximal: Literal["current", "behavior_snapshot", "ewma"] = Field(
-        "current", description="π_prox of the loss: current (the learner's weights at the batch's first optimizer "
-        "step: recomputed, or π_θ detached with one update per batch) | behavior_snapshot (each token's log-prob "
-        "under its behavior version's weights, recomputed by the trainer from the lag ring's snapshot; "
-        "runtime.mode=lag) | ewma (PPO-EWMA: an exponentially weighted average of the weights, "
-        "proximal_beta). Both repairs log kl/discrepancy and kl/staleness (arXiv 2605.12070).")
-    proximal_beta: float = Field(0.9, ge=0, lt=1, description="proximal=ewma: β of W ← βW + 1, θ_ewma ← "
-                                 "(βW_prev/W)θ_ewma + θ/W after each optimizer step (PPO-EWMA, Hilton et al. 2021; "
-                                 "the value 0.9 is ours).")
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampler settings.")
+    proximal: ProximalConfig = Field(
+        default_factory=ProximalConfig,
+        description="π_prox, the proximal policy of the loss (a bare value sets its name: proximal=ewma).",
+    )
     rollout: RolloutConfig = Field(
-        default_factory=RolloutConfig, description="Sampling engine: transformers (default) or vllm (docs/vllm.md)."
+        default_factory=RolloutConfig,
+        description="The sampler: sampling settings, eval sampling, its device and its engine (transformers or vllm).",
     )
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer settings.")
     critic: CriticConfig = Field(
         default_factory=CriticConfig,
         description="COPC's value head (used only by methods whose advantage needs critic values).",
     )
-    rac: RacConfig = Field(default_factory=RacConfig, description="Retroactive Advantage Correction of rewards that "
-                           "arrive late (task.reward_delay > 0 only).")
+    rac: RacConfig = Field(
+        default_factory=RacConfig,
+        description="Retroactive Advantage Correction of rewards that arrive late (task.reward_delay > 0 only).",
+    )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     data: DataConfig = Field(default_factory=DataConfig, description="Training prompts.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Rollout runtime.")
+    runtime: RuntimeConfig = Field(
+        default_factory=RuntimeConfig,
+        description="How rollouts are produced: runtime.mode, then each mode's settings (runtime.lag.*, "
+        "runtime.concurrent.*).",
+    )
     log: LogConfig = Field(default_factory=LogConfig, description="Logging outputs.")
     guard: GuardConfig = Field(
         default_factory=GuardConfig,
@@ -624,12 +713,31 @@ class TrainConfig(_Section):
         description="Tool-integrated (multi-turn) rollouts with a sandboxed Python interpreter; off by default.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """Keys written under their former names move to the current ones, with a one-line notice each
+        (:mod:`steadyrl.config.renamed`)."""
+        return move_renamed(data) if isinstance(data, dict) else data
+
     @field_validator("device")
     @classmethod
     def _device_is_known(cls, value: str) -> str:
         if not DEVICE_PATTERN.match(value):
             raise ValueError(f"device {value!r} is not one of auto, cpu, cuda, cuda:N (e.g. cuda:1)")
         return value
+
+    @model_validator(mode="after")
+    def _one_precision(self) -> TrainConfig:
+        """``precision`` decides the parameter dtype; ``model.dtype`` may repeat it, never contradict it."""
+        wanted = PARAM_DTYPES[self.precision]
+        if self.model.dtype is not None and self.model.dtype != wanted:
+            raise ValueError(
+                f"model.dtype={self.model.dtype} conflicts with precision={self.precision} (whose weights are "
+                f"{wanted}): precision is the one setting of the training dtype; drop model.dtype, or set "
+                f"precision={'bf16' if self.model.dtype == 'bfloat16' else 'fp32'}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _minibatches_divide_prompts(self) -> TrainConfig:
@@ -653,7 +761,7 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _behavior_snapshot_needs_the_ring(self) -> TrainConfig:
-        if self.proximal == "behavior_snapshot" and self.runtime.mode != "lag":
+        if self.proximal.name == "behavior_snapshot" and self.runtime.mode != "lag":
             raise ValueError(
                 f"proximal=behavior_snapshot needs the snapshot ring of runtime.mode=lag (got runtime.mode="
                 f"{self.runtime.mode}); the {self.runtime.mode} runtime keeps no copy of past weights: use "
@@ -663,20 +771,21 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _lag_belongs_to_pipeline(self) -> TrainConfig:
-        if self.runtime.schedule == "periodic" and self.lag != 0:
+        lag = self.runtime.lag
+        if lag.schedule == "periodic" and lag.k != 0:
             raise ValueError(
-                f"lag ({self.lag}) applies to runtime.schedule=pipeline; the periodic schedule's staleness is set by "
-                "runtime.refresh_every (set lag=0)"
+                f"runtime.lag.k ({lag.k}) applies to runtime.lag.schedule=pipeline; the periodic schedule's staleness "
+                "is set by runtime.lag.refresh_every (set runtime.lag.k=0)"
             )
         return self
 
     @model_validator(mode="after")
     def _lag_belongs_to_lag_mode(self) -> TrainConfig:
-        if self.runtime.mode != "lag" and self.lag != 0:
+        if self.runtime.mode != "lag" and self.runtime.lag.k != 0:
             raise ValueError(
-                f"lag ({self.lag}) sets the exact staleness of runtime.mode=lag; in runtime.mode={self.runtime.mode} "
-                "staleness comes from real timing: set lag=0 and bound it with pool.policy=max_staleness "
-                "pool.max_staleness=S (or runtime.sync=true for lag 0)"
+                f"runtime.lag.k ({self.runtime.lag.k}) sets the exact staleness of runtime.mode=lag; in runtime.mode="
+                f"{self.runtime.mode} staleness comes from real timing: set runtime.lag.k=0 and bound it with "
+                "pool.policy=max_staleness pool.max_staleness=S (or runtime.concurrent.sync=true for lag 0)"
             )
         return self
 
@@ -687,8 +796,8 @@ class TrainConfig(_Section):
             raise ValueError(f"pool.capacity ({self.pool.capacity}) must be >= prompts_per_step ({P}) or 0 (default)")
         if self.pool.resolved_target(P) < P:
             raise ValueError(
-                f"pool.target_occupancy ({self.pool.target_occupancy}) must be >= prompts_per_step ({P}) or 0 "
-                "(default: 2 × prompts_per_step)"
+                f"pool.pace.target_occupancy ({self.pool.pace.target_occupancy}) must be >= prompts_per_step ({P}) "
+                "or 0 (default: 2 × prompts_per_step)"
             )
         return self
 
@@ -714,10 +823,11 @@ class TrainConfig(_Section):
         if "behav_entropy" in required_inputs(self.method.resolve()):
             raise ValueError(f"method {self.method.name!r} needs the behavior entropy, which rollout.engine=vllm does "
                              "not return: use rollout.engine=transformers")  # fmt: skip
-        if self.runtime.mode != "lag" and self.runtime.inflight and not self.runtime.sync:
-            raise ValueError("runtime.inflight=true is not possible with rollout.engine=vllm (one vLLM generate call "
-                             "runs with one set of weights; tokens carry the version at the call): set "
-                             "runtime.inflight=false")  # fmt: skip
+        concurrent = self.runtime.concurrent
+        if self.runtime.mode != "lag" and concurrent.inflight and not concurrent.sync:
+            raise ValueError("runtime.concurrent.inflight=true is not possible with rollout.engine=vllm (one vLLM "
+                             "generate call runs with one set of weights; tokens carry the version at the call): set "
+                             "runtime.concurrent.inflight=false")  # fmt: skip
         return self
 
     @model_validator(mode="after")

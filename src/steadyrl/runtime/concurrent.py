@@ -4,7 +4,7 @@ Roles (DESIGN.md vocabulary):
 
 * **Learner** (the ``steadyrl train`` process): publishes its weights after every step, takes each batch from the
   :class:`~steadyrl.pool.RolloutPool` under ``pool.policy``, trains, repeats.
-* **Samplers** (``runtime.samplers`` of them, ``runtime.sampler_threads`` torch threads each): the loop of
+* **Samplers** (``runtime.concurrent.samplers`` of them, ``rollout.threads`` torch threads each): the loop of
   :mod:`steadyrl.runtime.worker`, each through its transport's :class:`~steadyrl.runtime.worker.SamplerChannel`.
 
 What every transport provides (:class:`ConcurrentSource`'s abstract methods) and what is the same for all:
@@ -16,8 +16,8 @@ claims              a group-id counter; each sampler's current claim ``[lo, hi)`
                     redo what a dead sampler never delivered.
 admission           a sampler may start group ids only while (groups started − groups discarded) stays within
                     ``(step + ahead + 1) · P`` (AReaL's rule; ``ahead`` = ⌊s / optimizer steps per learner step⌋ for
-                    ``pool.policy=max_staleness``, 0 for ``runtime.sync``, unbounded otherwise) and while groups in
-                    flight + in the pool stay below ``pool.capacity`` (back-pressure): :func:`admitted`.
+                    ``pool.policy=max_staleness``, 0 for ``runtime.concurrent.sync``, unbounded otherwise) and while
+                    groups in flight + in the pool stay below ``pool.capacity`` (back-pressure): :func:`admitted`.
 completed groups    handed over whole (a sampler killed mid-delivery leaves no partial group); the learner moves them
                     into its pool in completion order.
 ==================  ====================================================================================================
@@ -97,7 +97,7 @@ class Counters(NamedTuple):
 
 def admission_ahead(cfg: TrainConfig) -> int:
     """Learner steps a sampler may run ahead of the learner (see the module table); UNBOUNDED when not bounded."""
-    if cfg.runtime.sync:
+    if cfg.runtime.concurrent.sync:
         return 0
     if cfg.pool.policy == "max_staleness":
         versions_per_step = cfg.optim.updates_per_batch * cfg.optim.minibatches
@@ -141,10 +141,10 @@ class ConcurrentSource(ABC):
         self.record_entropy = record_entropy
         self.say = say or (lambda msg: print(msg, file=sys.stderr))
         self.P = cfg.prompts_per_step
-        self.n = cfg.runtime.samplers
+        self.n = cfg.runtime.concurrent.samplers
         self.layout = FlatLayout(model)
         self.admission = admission_of(cfg)
-        pace_drift = cfg.pool.policy == "pace" and cfg.pool.pace_score == "drift"
+        pace_drift = cfg.pool.policy == "pace" and cfg.pool.pace.score == "drift"
         self.pool = RolloutPool(cfg.pool, batch_groups=self.P, drift=self._prefix_drift if pace_drift else None)
         self.started = [False] * self.n
         self.incarnations = [0] * self.n
@@ -278,7 +278,7 @@ class ConcurrentSource(ABC):
         rollouts = concat([r.rollouts for r in records])
         device = next(self.model.parameters()).device
         with torch.no_grad():
-            logp = sequence_logprobs(self.model, rollouts.to(device), temperature=self.cfg.sampling.temperature).logp
+            logp = sequence_logprobs(self.model, rollouts.to(device), temperature=self.cfg.rollout.temperature).logp
         logp = logp.to(rollouts.behav_logp.device)
         out, row = [], 0
         for r in records:
@@ -325,9 +325,10 @@ class ConcurrentSource(ABC):
                     break
                 changed = False
             self._check_samplers()
-            if time.perf_counter() - last_arrival > self.cfg.runtime.stall_timeout_s:
+            timeout = self.cfg.runtime.concurrent.stall_timeout_s
+            if time.perf_counter() - last_arrival > timeout:
                 raise RuntimeError(
-                    f"no rollout arrived for {self.cfg.runtime.stall_timeout_s:g} s (runtime.stall_timeout_s) while "
+                    f"no rollout arrived for {timeout:g} s (runtime.concurrent.stall_timeout_s) while "
                     f"the learner waited for step {step}'s batch ({len(self.pool)} groups pooled)"
                 )
             self._wait()

@@ -22,7 +22,7 @@ model that is 4 MiB a copy (130 MiB at k = 32); for a 0.5B model in float32, 2 G
 needs the concurrent runtimes instead, where the sampler itself holds the only stale copy. Where the copies live
 (:meth:`steadyrl.base.device.Placement.snapshot_homes`): on a GPU, as many as fit its budget stay on the GPU
 (a device-to-device copy per step), the rest in pinned CPU memory (non-blocking copies), and past
-``runtime.snapshot_memory_gb`` on disk; on the CPU, in RAM and then on disk. Under ``bf16-mixed`` a snapshot holds
+``runtime.lag.snapshot_memory_gb`` on disk; on the CPU, in RAM and then on disk. Under ``bf16-mixed`` a snapshot holds
 the linear layers' weights in bfloat16, as the sampler uses them (half the bytes; the same samples). At k = 0 with
 the ``transformers`` sampler nothing is copied: the sampler is the learner's own model, in eval mode while it
 samples.
@@ -62,7 +62,7 @@ from steadyrl.tasks.delayed import ProxyKind, proxy_rewards
 from steadyrl.tools import SandboxPool
 
 if TYPE_CHECKING:
-    from steadyrl.config.train import SamplingConfig, TrainConfig
+    from steadyrl.config.train import RolloutConfig, TrainConfig
 
 Schedule = Literal["pipeline", "periodic"]
 
@@ -87,8 +87,9 @@ class LagSchedule:
 
     @classmethod
     def from_config(cls, cfg: TrainConfig) -> LagSchedule:
-        """The schedule ``cfg.runtime`` and ``cfg.lag`` describe."""
-        return cls(kind=cfg.runtime.schedule, lag=cfg.lag, refresh_every=cfg.runtime.refresh_every)
+        """The schedule ``cfg.runtime.lag`` describes."""
+        lag = cfg.runtime.lag
+        return cls(kind=lag.schedule, lag=lag.k, refresh_every=lag.refresh_every)
 
     def source_step(self, step: int) -> int:
         """The learner step whose starting weights sample the batch of ``step``."""
@@ -142,7 +143,7 @@ class DiskState(NamedTuple):
 
 class Snapshot(NamedTuple):
     """The weights the learner had at the start of learner step ``step``, after ``version`` optimizer steps: in
-    RAM (a state dict) or on disk (:class:`DiskState`, past ``runtime.snapshot_memory_gb``)."""
+    RAM (a state dict) or on disk (:class:`DiskState`, past ``runtime.lag.snapshot_memory_gb``)."""
 
     step: int
     version: int
@@ -326,11 +327,11 @@ def snapshot_ram_slots(
     if spilled > free:
         raise SnapshotMemoryError(
             f"the lag runtime keeps lag+1 = {n} copies of the weights ({copy_bytes / GIB:.2f} GiB each, "
-            f"{n * copy_bytes / GIB:.2f} GiB in all): {slots} fit runtime.snapshot_memory_gb "
+            f"{n * copy_bytes / GIB:.2f} GiB in all): {slots} fit runtime.lag.snapshot_memory_gb "
             f"({budget_bytes / GIB:.2f} GiB) and the other {n - slots} need {spilled / GIB:.2f} GiB of disk at "
-            f"{spill_dir}, which has {free / GIB:.2f} GiB free. Lower lag, raise runtime.snapshot_memory_gb, point "
-            "runtime.snapshot_dir at a larger disk, use precision=bf16 (half the bytes), or runtime.mode=local "
-            "(the sampler holds the only stale copy)"
+            f"{spill_dir}, which has {free / GIB:.2f} GiB free. Lower runtime.lag.k, raise "
+            "runtime.lag.snapshot_memory_gb, point runtime.lag.snapshot_dir at a larger disk, use precision=bf16 "
+            "(half the bytes), or runtime.mode=local (the sampler holds the only stale copy)"
         )
     return slots
 
@@ -362,7 +363,7 @@ class LagSampler:
         model: nn.Module,
         tokenizer: Any,
         schedule: LagSchedule,
-        sampling: SamplingConfig,
+        sampling: RolloutConfig,
         group_size: int,
         seed: int,
         record_entropy: bool = False,
@@ -416,17 +417,17 @@ class LagSampler:
             model=model,
             tokenizer=tokenizer,
             schedule=LagSchedule.from_config(cfg),
-            sampling=cfg.sampling,
+            sampling=cfg.rollout,
             group_size=cfg.group_size,
             seed=cfg.seed,
             record_entropy=record_entropy,
             engine=engine_from_config(cfg.rollout, model=model, tokenizer=tokenizer),
             precision=cfg.precision,
             snapshot_budget_bytes=(
-                default_snapshot_budget() if cfg.runtime.snapshot_memory_gb is None
-                else int(cfg.runtime.snapshot_memory_gb * GIB)
+                default_snapshot_budget() if cfg.runtime.lag.snapshot_memory_gb is None
+                else int(cfg.runtime.lag.snapshot_memory_gb * GIB)
             ),
-            snapshot_dir=cfg.runtime.snapshot_dir or Path(cfg.out_dir) / "snapshots",
+            snapshot_dir=cfg.runtime.lag.snapshot_dir or Path(cfg.out_dir) / "snapshots",
             record_dist=behavior_record(cfg.method.resolve()),
         )  # fmt: skip
 
@@ -569,7 +570,7 @@ class LagSource:
         sandbox = SandboxPool(cfg.tools.sandbox) if cfg.tools.enabled else None
         tools = None if sandbox is None else cfg.tools.tool_use(sandbox)
         return cls(sampler, task=task, train_pool=train_pool, prompts_per_step=cfg.prompts_per_step, seed=cfg.seed,
-                   tools=tools, sandbox=sandbox, record_old_logp=cfg.proximal != "current",
+                   tools=tools, sandbox=sandbox, record_old_logp=cfg.proximal.name != "current",
                    reward_delay=cfg.task.reward_delay, proxy=cfg.task.proxy_reward,
                    proxy_flip=cfg.task.proxy_flip)  # fmt: skip
 

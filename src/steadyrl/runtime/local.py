@@ -1,8 +1,8 @@
 """``runtime.mode=local``: sampler processes running concurrently with the learner on one machine.
 
 The roles, admission control, faults and lag accounting are those of every concurrent runtime
-(:mod:`steadyrl.runtime.concurrent`); this module is the transport: ``runtime.samplers`` spawned processes
-(``runtime.sampler_threads`` torch threads each) running :func:`~steadyrl.runtime.worker.run_sampler` through
+(:mod:`steadyrl.runtime.concurrent`); this module is the transport: ``runtime.concurrent.samplers`` spawned processes
+(``rollout.threads`` torch threads each) running :func:`~steadyrl.runtime.worker.run_sampler` through
 :class:`LocalChannel`.
 
 ==================  ====================================================================================================

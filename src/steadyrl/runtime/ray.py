@@ -5,8 +5,9 @@ The roles, admission control, faults and lag accounting are those of every concu
 
 ==================  ====================================================================================================
 learner             the ``steadyrl train`` process (the Ray driver); its :class:`RaySource` holds the pool.
-samplers            ``runtime.samplers`` :class:`SamplerActor` actors (``num_cpus=1`` each, ``runtime.sampler_threads``
-                    torch threads) running :func:`~steadyrl.runtime.worker.run_sampler` through :class:`RayChannel`.
+samplers            ``runtime.concurrent.samplers`` :class:`SamplerActor` actors (``num_cpus=1`` each,
+                    ``rollout.threads`` torch threads) running :func:`~steadyrl.runtime.worker.run_sampler`
+                    through :class:`RayChannel`.
 coordinator         one small asyncio :class:`Coordinator` actor (``num_cpus=0``, on the learner's node): the newest
                     weights reference and version, the claim counter, admission control and back-pressure
                     (:func:`~steadyrl.runtime.concurrent.admitted`, the local runtime's rule), each sampler's claim
@@ -18,9 +19,9 @@ completed groups    one ``deliver`` call per sampler call (all its groups or non
                     the coordinator until the learner drains them into its pool.
 ==================  ====================================================================================================
 
-Ray starts locally when ``runtime.ray_address`` is None (``num_cpus = samplers + 1``, no dashboard, worker logs not
-forwarded); with an address the run connects to that cluster. Faults: a sampler actor that dies (``ray.kill``, a
-crash, a lost node) is replaced by a new actor with the same index and the ids it never delivered. ``close`` kills
+Ray starts locally when ``runtime.concurrent.ray_address`` is None (``num_cpus = samplers + 1``, no dashboard, worker
+logs not forwarded); with an address the run connects to that cluster. Faults: a sampler actor that dies (``ray.kill``,
+a crash, a lost node) is replaced by a new actor with the same index and the ids it never delivered. ``close`` kills
 every actor it created and calls ``ray.shutdown()`` only when this run called ``ray.init`` itself. Rollback detection
 compares the samplers' ``time.time()`` with the learner's, so a cluster's clocks should be synchronized (NTP).
 """
@@ -238,17 +239,17 @@ class SamplerActor:
 
 
 def connect(cfg: TrainConfig) -> bool:
-    """Start a local Ray (``runtime.ray_address`` None) or connect to a cluster, unless this process already is
-    connected; True when this call did ``ray.init`` (then :meth:`RaySource.close` calls ``ray.shutdown``)."""
+    """Start a local Ray (``runtime.concurrent.ray_address`` None) or connect to a cluster, unless this process
+    already is connected; True when this call did ``ray.init`` (then :meth:`RaySource.close` calls ``ray.shutdown``)."""
     if ray.is_initialized():
         return False
     quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # Ray's accelerator env-var notice
-        if cfg.runtime.ray_address is None:
-            ray.init(num_cpus=cfg.runtime.samplers + 1, include_dashboard=False, **quiet)
+        if cfg.runtime.concurrent.ray_address is None:
+            ray.init(num_cpus=cfg.runtime.concurrent.samplers + 1, include_dashboard=False, **quiet)
         else:
-            ray.init(address=cfg.runtime.ray_address, **quiet)
+            ray.init(address=cfg.runtime.concurrent.ray_address, **quiet)
     return True
 
 

@@ -2,7 +2,8 @@
 
 A sampler repeats: claim group ids (the transport applies admission control and back-pressure, and measures the
 wait as idle time), load the newest published weights, generate G responses per claimed prompt — between decode steps
-it loads newer weights when they appear (``runtime.inflight``), so every token records the version that produced it —
+it loads newer weights when they appear (``runtime.concurrent.inflight``), so every token records the version that
+produced it —
 score them with the task's verifier, and deliver one :class:`~steadyrl.pool.GroupRecord` per group.
 
 Group id g is prompt slot g of :mod:`steadyrl.runtime.order`, so the concurrent runtimes visit the train problems in
@@ -88,7 +89,7 @@ def run_sampler(spec: SamplerSpec, channel: SamplerChannel) -> None:
 
     With ``rollout.engine=vllm`` the sampler owns a :class:`~steadyrl.rollout.vllm_engine.VLLMEngine` (closed the same
     way): newer weights are loaded into it in place before a call, never during one, so every token of a call records
-    the version at the call (the config requires ``runtime.inflight=false``).
+    the version at the call (the config requires ``runtime.concurrent.inflight=false``).
     """
     cfg = spec.cfg
     sandbox = SandboxPool(cfg.tools.sandbox) if cfg.tools.enabled else None
@@ -107,17 +108,17 @@ def _sample_until_done(
     spec: SamplerSpec, channel: SamplerChannel, *, tools: ToolUse | None, engine: VLLMEngine | None = None
 ) -> None:
     cfg = spec.cfg
-    torch.set_num_threads(cfg.runtime.sampler_threads)
+    torch.set_num_threads(cfg.rollout.threads)
     task = build_task(cfg.task, tokenizer=spec.tokenizer)
     train_pool = task.problems("train", cfg.data.train_pool, seed=cfg.seed)
-    placement = sampler_placement(cfg.runtime.sampler_device, learner=Placement.from_names(cfg.device, cfg.precision))
+    placement = sampler_placement(cfg.rollout.device, learner=Placement.from_names(cfg.device, cfg.precision))
     if placement.device.type == "cuda":
         torch.cuda.set_device(placement.device)
     layout = FlatLayout(spec.model)  # the learner's layout (one dtype); loads cast to each sampler parameter's own
     model = placement.sampler_copy(placement.place(spec.model))
-    G, s = cfg.group_size, cfg.sampling
-    chunk = cfg.runtime.resolved_sampler_batch(cfg.prompts_per_step)
-    inflight = cfg.runtime.inflight and not cfg.runtime.sync
+    G, s = cfg.group_size, cfg.rollout
+    chunk = cfg.rollout.resolved_batch(cfg.prompts_per_step, cfg.runtime.concurrent.samplers)
+    inflight = cfg.runtime.concurrent.inflight and not cfg.runtime.concurrent.sync
     redo = sorted(spec.redo)
     record_dist = behavior_record(cfg.method.resolve())  # the behavior distribution, when the method reads it
     while True:

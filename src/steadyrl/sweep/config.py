@@ -25,10 +25,10 @@ set ``k`` itself and ``k`` is a config key, also ``k=name``), ``seed``, then ``r
 ``guard.mode=rollback``). Every run's config is validated before anything starts.
 
 Naming: the run directory is ``<out_dir>/<key=label,...,seed=S>`` from its grid values (a variant's label is its
-name), e.g. ``method=vcpo,lag=64,seed=0``; characters outside ``[A-Za-z0-9._+=,-]`` become ``_``. The **config
-hash** identifies what a run computes: the first 10 hex digits of the SHA-256 of its resolved config without the
-keys that do not change the result (``out_dir``, ``resume``, ``overwrite``, ``log``, ``checkpoint``,
-``runtime.threads``).
+name; ``runtime.lag.k`` is labelled ``lag``), e.g. ``method=vcpo,lag=64,seed=0``; characters outside
+``[A-Za-z0-9._+=,-]`` become ``_``. The **config hash** identifies what a run computes: the first 10 hex digits of
+the SHA-256 of its resolved config without the keys that do not change the result (``out_dir``, ``resume``,
+``overwrite``, ``log``, ``checkpoint``, ``runtime.threads``).
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ REFERENCE_LAG = 0
 RUNS_FILE = "runs.json"
 #: The sweep's resolved config, written into its out_dir.
 SWEEP_FILE = "sweep.yaml"
+#: Short labels of grid keys in run names and tables (the lag is the sweeps' usual axis).
+LABEL_KEYS: dict[str, str] = {"runtime.lag.k": "lag"}
 
 
 class SweepError(ValueError):
@@ -125,11 +127,11 @@ class SweepConfig(BaseModel):
     config: str = Field("default", min_length=1, description="The steadyrl train config every run starts from: a "
                         "YAML file (relative to the working directory, else to the sweep file) or a shipped name.")
     base: dict[str, Any] = Field(default_factory=dict, description="steadyrl train overrides for every run, e.g. "
-                                 "{lag: 64, steps: 300, guard.mode: rollback}.")
+                                 "{runtime.lag.k: 64, steps: 300, guard.mode: rollback}.")
     grid: Grid = Field(default_factory=dict, description="Config key -> list of values; the runs are the product of "
                        "the lists. A value may be a variant {name, overrides} that sets several keys.")
     include: list[Grid] = Field(default_factory=list, description="More grids, each expanded like `grid`; their runs "
-                                "are added (e.g. [{method: [grpo], lag: [0]}] for the lag-0 reference).")
+                                "are added (e.g. [{method: [grpo], runtime.lag.k: [0]}] for the lag-0 reference).")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Seeds: every grid point runs "
                              "once per seed.")
     out_dir: Path = Field(Path("runs/sweep"), description="Directory of the sweep: one subdirectory per run, "
@@ -320,7 +322,7 @@ def expand(sweep: SweepConfig, *, sweep_file: Path | None = None) -> list[RunSpe
     for grid in [sweep.grid, *sweep.include]:
         for point in _points(grid):
             for seed in sweep.seeds:
-                labels = [(k, label(v)) for k, v in point]
+                labels = [(LABEL_KEYS.get(k, k), label(v)) for k, v in point]
                 name = run_name([*labels, ("seed", str(seed))])
                 if name in seen:
                     raise SweepError(f"two runs would share the directory {name!r} (grid values {seen[name]} and "
@@ -340,9 +342,10 @@ def expand(sweep: SweepConfig, *, sweep_file: Path | None = None) -> list[RunSpe
 
 def _entry(name: str, labels: dict[str, str], cfg: TrainConfig) -> RunEntry:
     method = labels.get("method", cfg.method.name)
-    reference = (method == REFERENCE_METHOD and cfg.method.name == REFERENCE_METHOD and cfg.lag == REFERENCE_LAG
-                 and cfg.runtime.schedule == "pipeline")
-    return RunEntry(name=name, labels=labels, method=method, lag=cfg.lag, seed=cfg.seed, steps=cfg.steps,
+    lag = cfg.runtime.lag
+    reference = (method == REFERENCE_METHOD and cfg.method.name == REFERENCE_METHOD and lag.k == REFERENCE_LAG
+                 and lag.schedule == "pipeline")
+    return RunEntry(name=name, labels=labels, method=method, lag=lag.k, seed=cfg.seed, steps=cfg.steps,
                     config_hash=config_hash(cfg), reference=reference)
 
 

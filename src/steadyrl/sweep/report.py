@@ -351,7 +351,7 @@ def _run_parts(src: Path) -> tuple[str, list[str], list[Plot]]:
     entry: RunEntry = entry_of_run(src.resolve(), cfg)
     row = run_row(entry, src)
     records = read_metrics(src / METRICS_FILE)
-    title = f"{cfg.task.name} · {cfg.method.name} · lag {cfg.lag} · seed {cfg.seed}"
+    title = f"{cfg.task.name} · {cfg.method.name} · lag {cfg.runtime.lag.k} · seed {cfg.seed}"
     alarms = read_alarms(src)
     curves = curves_plot({cfg.method.name: [records]}, title=title, alarms=[int(a["step"]) for a in alarms])
     plots = [Plot("curves", f"Curves of the run ({title}); dotted red lines: collapse-guard alarms", curves)]

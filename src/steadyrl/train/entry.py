@@ -27,9 +27,11 @@ USAGE = """usage: steadyrl train [CONFIG] [key=value ...] [--print-config]
 RL-train a causal LM on a verifiable task with an exact policy lag. CONFIG is a YAML file or the name of a shipped
 config; without it, `default` is used: the README's main job (chain_sum with two 2-digit terms, the embedded tiny
 model warm-started and cached, sequence TIS + ESS-scaled step size at lag 16), whose values are the defaults
-listed below. key=value overrides are applied in order; values are YAML (lag=32, lr=1e-4,
+listed below, grouped by what they configure (rollout: the sampler and its engine; runtime: each mode's
+settings). key=value overrides are applied in order; values are YAML (runtime.lag.k=32, lr=1e-4,
 optim.betas=[0.9,0.99], method=seq_tis+gac, method.seq_tis.cap=4, task.max_terms=3). Setting a section's name to
-a new value (task=countdown, method=grpo) starts that section afresh.
+a new value (task=countdown, method=grpo) starts that section afresh. A key's former name (lag, sampling.*, ...)
+is still read for one release, with a line naming the new key.
 Shipped configs: {shipped}.
 
 Outputs in out_dir: metrics.jsonl (one line per step), config.yaml (resolved), plot.png, checkpoints/.
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from steadyrl.train.log_sinks import require_trackers
 
     try:  # likewise a missing wandb / mlflow / tensorboard package (log.wandb, log.mlflow, log.tensorboard)
-        require_trackers(wandb=cfg.log.wandb, mlflow=cfg.log.mlflow, tensorboard=cfg.log.tensorboard)
+        require_trackers(wandb=cfg.log.wandb.enabled, mlflow=cfg.log.mlflow.enabled, tensorboard=cfg.log.tensorboard)
     except ImportError as err:
         print(f"steadyrl train: {err}", file=sys.stderr)
         return EXIT_USAGE

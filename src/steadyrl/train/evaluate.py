@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from steadyrl.config.train import EvalConfig
+from steadyrl.config.train import EvalConfig, EvalSamplingConfig
 from steadyrl.rollout.accuracy import Accuracy, sampled_accuracy_of
 from steadyrl.rollout.multiturn import ToolUse
 from steadyrl.tasks import Problem, Task
@@ -33,15 +33,16 @@ def evaluate(
     task: Task,
     problems: Sequence[Problem],
     cfg: EvalConfig,
+    sampling: EvalSamplingConfig,
     max_new_tokens: int,
     generator: torch.Generator,
     version: int,
     tools: ToolUse | None = None,
 ) -> EvalResult:
-    """Score one response per problem; ``cfg`` sets greedy/temperature and the prompts per generate call. With
+    """Score one response per problem; ``sampling`` sets greedy/temperature, ``cfg`` the prompts per generate call. With
     ``tools``, responses are multi-turn trajectories scored on their last model turn (the training path)."""
     return sampled_accuracy_of(
         model, tokenizer, task=task, problems=problems, max_new_tokens=max_new_tokens, generator=generator,
-        temperature=1.0 if cfg.greedy else cfg.temperature, top_k=GREEDY_TOP_K if cfg.greedy else 0,
+        temperature=1.0 if sampling.greedy else sampling.temperature, top_k=GREEDY_TOP_K if sampling.greedy else 0,
         version=version, batch_size=cfg.batch_size, tools=tools,
     )  # fmt: skip

@@ -7,13 +7,13 @@ in TensorBoard); bools become 0/1.
 
 - **TensorBoard** (``log.tensorboard``): events in ``<out_dir>/tb``; a resumed run purges the events an interrupted
   one wrote past the resume point.
-- **Weights & Biases** (``log.wandb``): ``wandb.init(project=log.wandb_project, name=<out_dir name>, mode=
-  log.wandb_mode, dir=<out_dir>)`` with the resolved config; files in ``<out_dir>/wandb``. Offline mode (the
+- **Weights & Biases** (``log.wandb``): ``wandb.init(project=log.wandb.project, name=<out_dir name>, mode=
+  log.wandb.mode, dir=<out_dir>)`` with the resolved config; files in ``<out_dir>/wandb``. Offline mode (the
   default) needs no account or network; ``wandb sync <out_dir>/wandb/offline-run-*`` uploads later (the pieces of a
   resumed run share one run id and are synced in order, into one run).
-- **MLflow** (``log.mlflow``): ``MlflowClient(log.mlflow_uri)``, default ``sqlite:///<out_dir>/mlflow.db`` (MLflow
+- **MLflow** (``log.mlflow``): ``MlflowClient(log.mlflow.uri)``, default ``sqlite:///<out_dir>/mlflow.db`` (MLflow
   3.x keeps the ``./mlruns`` file store in maintenance mode and refuses it unless ``MLFLOW_ALLOW_FILE_STORE=true``);
-  experiment ``log.mlflow_experiment``, run name = out_dir's name, params = the flattened config, one metric value
+  experiment ``log.mlflow.experiment``, run name = out_dir's name, params = the flattened config, one metric value
   per key and step. Metric and param keys are mapped by :func:`mlflow_key`.
 
 Resume: each tracker keeps its run id and, per metric key, the last step it sent, in ``<out_dir>/<name>_run.json``
@@ -271,14 +271,14 @@ class MlflowSink:
 
 def open_trackers(log: LogConfig, out_dir: Path, *, config: Mapping[str, Any], resume: bool) -> list[MetricsSink]:
     """The W&B and MLflow sinks ``log`` asks for (``resume``: continue the runs recorded in out_dir)."""
-    require_trackers(wandb=log.wandb, mlflow=log.mlflow)
+    require_trackers(wandb=log.wandb.enabled, mlflow=log.mlflow.enabled)
     sinks: list[MetricsSink] = []
     try:
-        if log.wandb:
-            sinks.append(WandbSink(out_dir, project=log.wandb_project, mode=log.wandb_mode, config=config,
+        if log.wandb.enabled:
+            sinks.append(WandbSink(out_dir, project=log.wandb.project, mode=log.wandb.mode, config=config,
                                    resume=resume))  # fmt: skip
-        if log.mlflow:
-            sinks.append(MlflowSink(out_dir, tracking_uri=log.mlflow_uri, experiment=log.mlflow_experiment,
+        if log.mlflow.enabled:
+            sinks.append(MlflowSink(out_dir, tracking_uri=log.mlflow.uri, experiment=log.mlflow.experiment,
                                     config=config, resume=resume))  # fmt: skip
     except BaseException:
         for sink in sinks:

@@ -38,7 +38,7 @@ import yaml
 from torch import nn
 from tqdm.auto import tqdm
 
-from steadyrl.base.device import Placement
+from steadyrl.base.device import PARAM_DTYPES, Placement
 from steadyrl.base.seeding import generator
 from steadyrl.config.io import flatten
 from steadyrl.config.train import TrainConfig
@@ -132,7 +132,7 @@ class Summary(NamedTuple):
         def f(x: float | None) -> str:
             return "n/a" if x is None else f"{x:.3f}"
 
-        kind = "greedy" if cfg.eval.greedy else f"sampled, T={cfg.eval.temperature:g}"
+        kind = "greedy" if cfg.rollout.eval.greedy else f"sampled, T={cfg.rollout.eval.temperature:g}"
         took = f" in {seconds:.0f} s" if seconds is not None else ""
         return "\n".join(
             [
@@ -159,16 +159,17 @@ def is_stale(cfg: TrainConfig) -> bool:
     step, or a synchronous concurrent runtime)."""
     rt = cfg.runtime
     if rt.mode == "lag":
-        return cfg.lag > 0 if rt.schedule == "pipeline" else rt.refresh_every > 1
-    return not rt.sync
+        return rt.lag.k > 0 if rt.lag.schedule == "pipeline" else rt.lag.refresh_every > 1
+    return not rt.concurrent.sync
 
 
 def _staleness(cfg: TrainConfig) -> str:
     """How the run's staleness arises, in a few words."""
     rt = cfg.runtime
     if rt.mode == "lag":
-        return f"at lag {cfg.lag}" if rt.schedule == "pipeline" else f"refreshed every {rt.refresh_every} steps"
-    if rt.sync:
+        lag = rt.lag
+        return f"at lag {lag.k}" if lag.schedule == "pipeline" else f"refreshed every {lag.refresh_every} steps"
+    if rt.concurrent.sync:
         return f"synchronous in runtime {rt.mode}"
     bound = f" s={cfg.pool.max_staleness}" if cfg.pool.policy in ("max_staleness", "drop") else ""
     return f"in runtime {rt.mode} (pool {cfg.pool.policy}{bound})"
@@ -296,7 +297,7 @@ def check_context_length(cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, 
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if not isinstance(limit, int) or not problems:
         return
-    budget = cfg.tools.max_total_tokens if cfg.tools.enabled else cfg.sampling.max_new_tokens
+    budget = cfg.tools.max_total_tokens if cfg.tools.enabled else cfg.rollout.max_new_tokens
     lengths = [len(ids) for ids in tokenizer([p.prompt for p in problems])["input_ids"]]
     longest = max(lengths)
     if longest + budget > limit:
@@ -316,7 +317,9 @@ class _Run:
         # The default model is warm-started on the task (built first); chat prompts need the policy's tokenizer (built
         # after it; TrainConfig refuses task.chat with the default model).
         task = None if getattr(cfg.task, "chat", False) else build_task(cfg.task)
-        policy = load_policy(cfg.model, task, seed=cfg.seed, progress=cfg.log.progress)
+        # loaded in the precision's parameter dtype (one setting: TrainConfig refuses a model.dtype that differs)
+        source = cfg.model.model_copy(update={"dtype": PARAM_DTYPES[cfg.precision]})
+        policy = load_policy(source, task, seed=cfg.seed, progress=cfg.log.progress)
         self.placement = placement
         self.model, self.tokenizer = self.placement.place(policy.model), policy.tokenizer
         self.task: Task = task if task is not None else build_task(cfg.task, tokenizer=self.tokenizer)
@@ -329,13 +332,13 @@ class _Run:
             controllers=build_controllers(self.method),
             lr=cfg.lr,
             optim=cfg.optim,
-            temperature=cfg.sampling.temperature,
+            temperature=cfg.rollout.temperature,
             ref_model=ref,
             log=_say,
             critic=cfg.critic,
             placement=self.placement,
-            proximal=cfg.proximal,
-            proximal_beta=cfg.proximal_beta,
+            proximal=cfg.proximal.name,
+            proximal_beta=cfg.proximal.beta,
             rac=cfg.rac,
         )
         record_entropy = any(c.type == "estr" for c in self.method.corrections)
@@ -389,7 +392,8 @@ class _Run:
                 task=self.task,
                 problems=self.eval_set,
                 cfg=self.cfg.eval,
-                max_new_tokens=self.cfg.sampling.max_new_tokens,
+                sampling=self.cfg.rollout.eval,
+                max_new_tokens=self.cfg.rollout.max_new_tokens,
                 generator=generator(self.cfg.seed, "eval", device=self.placement.device),
                 version=self.learner.version,
                 tools=None if sandbox is None else tools.tool_use(sandbox),
@@ -470,14 +474,13 @@ def train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None
         return _train(cfg, make_source=make_source, stop=stop, placement=placement)
 
 
-def _train(
-    cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None, placement: Placement
-) -> RunResult:
+def _train(cfg: TrainConfig, *, make_source: SourceFactory, stop: StopFlag | None, placement: Placement) -> RunResult:
     if cfg.runtime.threads > 0:
         torch.set_num_threads(cfg.runtime.threads)
     wall0 = time.perf_counter()
     out_dir = Path(cfg.out_dir)
-    require_trackers(wandb=cfg.log.wandb, mlflow=cfg.log.mlflow)  # a missing package fails before anything is done
+    # a missing package fails before anything is done
+    require_trackers(wandb=cfg.log.wandb.enabled, mlflow=cfg.log.mlflow.enabled)
     loaded = _prepare_out_dir(cfg)
     run = _Run(cfg, make_source, placement)
     _write_config(cfg)
@@ -503,8 +506,17 @@ def _train(
     guard_stop: str | None = None
     t = start
     try:
-        with stop, tqdm(total=cfg.steps, initial=start, disable=not cfg.log.progress, desc="train", unit="step",
-                        dynamic_ncols=True) as bar:
+        with (
+            stop,
+            tqdm(
+                total=cfg.steps,
+                initial=start,
+                disable=not cfg.log.progress,
+                desc="train",
+                unit="step",
+                dynamic_ncols=True,
+            ) as bar,
+        ):
             last_acc = None
             while t < cfg.steps:
                 if stop.requested:

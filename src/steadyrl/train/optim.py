@@ -11,12 +11,12 @@ Constants: the papers fix the split; the Muon hyperparameters below are ours whe
 Nesterov, 5 Newton–Schulz steps and their coefficients (3.4445, −4.775, 2.0315) are ``torch.optim.Muon``'s defaults
 (Jordan et al.'s reference implementation). The learning-rate adjustment defaults to ``match_rms_adamw`` (Moonshot,
 "Muon is Scalable for LLM Training", arXiv 2502.16982: the update is scaled by 0.2·sqrt(max(A, B)) so its RMS matches
-AdamW's), so Muon runs at the run's own ``lr`` unless ``optim.muon_lr`` sets another; Muon's weight decay defaults to
+AdamW's), so Muon runs at the run's own ``lr`` unless ``optim.muon.lr`` sets another; Muon's weight decay defaults to
 ``optim.weight_decay`` (0 by default; torch's own default would be 0.1).
 
 :class:`MuonAdamW` is the two optimizers behind one interface the learner uses (``param_groups``, ``step``,
 ``zero_grad``, ``state_dict``, ``load_state_dict``): AdamW's groups first, so ``param_groups[0]["lr"]`` stays the
-run's lr; each Muon group carries ``lr_scale`` = muon_lr / lr, which the learner's warm-up and the controllers' lr
+run's lr; each Muon group carries ``lr_scale`` = optim.muon.lr / lr, which the learner's warm-up and the controllers' lr
 scaling keep (they multiply every group's lr).
 """
 
@@ -127,8 +127,9 @@ def build_optimizer(
     if cfg.name != "muon":
         raise ValueError(f"optim.name={cfg.name!r} is not one of 'adamw', 'muon'")
     muon, rest = split_params(model)
-    wd = cfg.weight_decay if cfg.muon_weight_decay is None else cfg.muon_weight_decay
+    m = cfg.muon
+    wd = cfg.weight_decay if m.weight_decay is None else m.weight_decay
     return MuonAdamW(
-        muon, rest, lr=lr, adamw=adamw, muon_lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
-        weight_decay=wd, ns_steps=cfg.muon_ns_steps, adjust_lr=cfg.muon_adjust_lr,
+        muon, rest, lr=lr, adamw=adamw, muon_lr=m.lr, momentum=m.momentum, nesterov=m.nesterov,
+        weight_decay=wd, ns_steps=m.ns_steps, adjust_lr=m.adjust_lr,
     )  # fmt: skip
