@@ -117,12 +117,12 @@ def test_restart_serves_the_given_weights_until_newer_ones_are_published(schedul
 
 
 def test_lag_sampler_restart_reloads_the_sampler() -> None:
-    from steadyrl.config.train import SamplingConfig
+    from steadyrl.config.train import RolloutConfig
     from steadyrl.runtime.lag import LagSampler
 
     model = Tied()
     sampler = LagSampler(model=model, tokenizer=None, schedule=LagSchedule(kind="pipeline", lag=2),
-                         sampling=SamplingConfig(), group_size=1, seed=0)  # fmt: skip
+                         sampling=RolloutConfig(), group_size=1, seed=0)  # fmt: skip
     for s in range(3):
         _set(model, float(s))
         sampler.publish(step=s, version=s, model=model)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from steadyrl.base.device import Float32OutputLinear, Placement
-from steadyrl.config.train import SamplingConfig
+from steadyrl.config.train import RolloutConfig
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.sampler import generate
 from steadyrl.runtime.lag import LagSampler, LagSchedule, SnapshotRing
@@ -46,7 +46,7 @@ def test_bf16_mixed_sampler_holds_bf16_linears_and_samples_the_same(model) -> No
 
 def test_lag_zero_samples_with_the_learner_model_and_copies_nothing(model, tmp_path) -> None:
     lag0 = LagSampler(model=model, tokenizer=build_char_tokenizer(), schedule=LagSchedule(kind="pipeline", lag=0),
-                      sampling=SamplingConfig(max_new_tokens=8), group_size=4, seed=0,
+                      sampling=RolloutConfig(max_new_tokens=8), group_size=4, seed=0,
                       snapshot_budget_bytes=1 << 30, snapshot_dir=tmp_path)  # fmt: skip
     assert lag0.shared and lag0.sampler is model
     model.train()
@@ -55,7 +55,7 @@ def test_lag_zero_samples_with_the_learner_model_and_copies_nothing(model, tmp_p
     got = lag0.sample(step=0, prompts=PROMPTS)
     assert model.training and all(p.requires_grad for p in model.parameters())  # as the learner left it
     lag1 = LagSampler(model=model, tokenizer=build_char_tokenizer(), schedule=LagSchedule(kind="pipeline", lag=1),
-                      sampling=SamplingConfig(max_new_tokens=8), group_size=4, seed=0)  # fmt: skip
+                      sampling=RolloutConfig(max_new_tokens=8), group_size=4, seed=0)  # fmt: skip
     assert not lag1.shared and lag1.sampler is not model
     lag1.publish(step=0, version=0, model=model)
     want = lag1.sample(step=0, prompts=PROMPTS)  # step 0 of lag 1 samples the same weights, from a copy

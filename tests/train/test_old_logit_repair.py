@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from steadyrl.config.io import ConfigError, load_config
-from steadyrl.config.train import OptimConfig, SamplingConfig, TrainConfig
+from steadyrl.config.train import OptimConfig, RolloutConfig, TrainConfig
 from steadyrl.core.proximal import ewma_update_, mismatch_split
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
@@ -63,7 +63,7 @@ def test_behavior_snapshot_recomputes_the_behavior_versions_log_probs(tmp_path: 
     model = build_tiny_model(ARCH, tokenizer=build_char_tokenizer(), seed=0)
     versions = [copy.deepcopy(model)]
     sampler = LagSampler(model=model, tokenizer=build_char_tokenizer(), schedule=LagSchedule(kind="pipeline", lag=2),
-                         sampling=SamplingConfig(max_new_tokens=6), group_size=2, seed=0,
+                         sampling=RolloutConfig(max_new_tokens=6), group_size=2, seed=0,
                          snapshot_budget_bytes=1 << 30, snapshot_dir=tmp_path)  # fmt: skip
     for step in range(3):  # the learner moves its weights every step; step 2 samples with step 0's
         sampler.publish(step=step, version=step, model=model)
@@ -91,7 +91,7 @@ def test_ewma_learner_tracks_the_weights_on_their_device() -> None:
     assert learner.ewma is not None
     theta0 = [p.detach().clone() for p in model.parameters()]
     sampler = LagSampler(model=model, tokenizer=build_char_tokenizer(), schedule=LagSchedule(kind="pipeline", lag=1),
-                         sampling=SamplingConfig(max_new_tokens=6), group_size=4, seed=0)  # fmt: skip
+                         sampling=RolloutConfig(max_new_tokens=6), group_size=4, seed=0)  # fmt: skip
     sampler.publish(step=0, version=0, model=model)
     rollouts = sampler.sample(step=0, prompts=PROMPTS)
     out = learner.step(rollouts, torch.arange(len(rollouts), dtype=torch.float32) % 2)
@@ -114,7 +114,7 @@ def test_behavior_snapshot_needs_the_lag_runtime() -> None:
     learner = Learner(model=model, method=resolve_method("grpo"), controllers=[], lr=1e-2, optim=OptimConfig(),
                       proximal="behavior_snapshot")  # fmt: skip
     sampler = LagSampler(model=model, tokenizer=build_char_tokenizer(), schedule=LagSchedule(kind="pipeline", lag=1),
-                         sampling=SamplingConfig(max_new_tokens=6), group_size=2, seed=0)  # fmt: skip
+                         sampling=RolloutConfig(max_new_tokens=6), group_size=2, seed=0)  # fmt: skip
     sampler.publish(step=0, version=0, model=model)
     rollouts = sampler.sample(step=0, prompts=PROMPTS)
     with pytest.raises(ValueError, match="needs each token's log-prob under its behavior version"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from steadyrl.config.io import ConfigError, load_config
-from steadyrl.config.train import OptimConfig, RacConfig, SamplingConfig, TrainConfig
+from steadyrl.config.train import OptimConfig, RacConfig, RolloutConfig, TrainConfig
 from steadyrl.core.advantages.rac import rac_corrections
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
@@ -85,7 +85,7 @@ def _source(model, tmp_path: Path, delay: int) -> LagSource:
     from steadyrl.tasks import Problem
 
     sampler = LagSampler(model=model, tokenizer=build_char_tokenizer(), schedule=LagSchedule(kind="pipeline", lag=0),
-                         sampling=SamplingConfig(max_new_tokens=6), group_size=2, seed=0,
+                         sampling=RolloutConfig(max_new_tokens=6), group_size=2, seed=0,
                          snapshot_budget_bytes=1 << 30, snapshot_dir=tmp_path)  # fmt: skip
     pool = [Problem(prompt=p, answer="0", uid=f"fake/train/{i}") for i, p in enumerate(PROMPTS)]
     return LagSource(sampler, task=_Task(), train_pool=pool, prompts_per_step=2, seed=0, reward_delay=delay,  # type: ignore[arg-type]

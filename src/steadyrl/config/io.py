@@ -24,6 +24,7 @@ import re
 import textwrap
 import types
 import typing
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -33,6 +34,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
+
+from steadyrl.config.renamed import RenamedKeyWarning, move_renamed, renamed_message
 
 #: The field that a bare value of a section stands for (``task=chain_sum`` means ``task.name=chain_sum``).
 NAME_FIELD = "name"
@@ -244,8 +247,11 @@ def _normalize_names(model: type[BaseModel], data: dict[str, Any]) -> None:
 
 
 def _set_name(section: Any, info: FieldInfo, name: Any) -> dict[str, Any]:
-    """The section with ``name`` set: its other keys are kept if the name stays, dropped if it changes."""
+    """The section with ``name`` set: its other keys are kept if the name stays, dropped if it changes (unless the
+    section's class sets ``keeps_keys_on_rename``: its other keys hold for every name, as ``optim``'s do)."""
     keys = section if isinstance(section, dict) else {}
+    if all(getattr(cls, "keeps_keys_on_rename", False) for cls in _variants(info.annotation)):
+        return {**keys, NAME_FIELD: name}
     current = keys.get(NAME_FIELD, _default_name(info))
     return {**keys, NAME_FIELD: name} if current == name else {NAME_FIELD: name}
 
@@ -295,10 +301,20 @@ def load_config(
     model: type[BaseModel], *, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> Any:
     """Build a validated ``model`` from an optional YAML file plus ``key=value`` overrides (see the module doc)."""
+    former: Mapping[str, str] = getattr(model, "former_keys", {})
     data: dict[str, Any] = read_yaml(path) if path is not None else {}
+    if former:  # a file written with moved keys' former names: moved (one notice each)
+        try:
+            data = move_renamed(data, renamed=former)
+        except ValueError as err:
+            raise ConfigError(f"config file {str(path)!r}: {err}") from None
     _normalize_names(model, data)
     for item in overrides:
         parts, value = parse_override(item)
+        dotted = ".".join(parts)
+        if dotted in former:
+            warnings.warn(renamed_message(dotted, former[dotted]), RenamedKeyWarning, stacklevel=2)
+            parts = former[dotted].split(".")
         apply_override(model, data, parts, value)
     _normalize_names(model, data)
     source = f"file {str(path)!r}" if path is not None else "defaults"

@@ -10,6 +10,7 @@ Giving a value under both names is an error, unless the two agree.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 #: The release that stops reading the former names.
@@ -124,11 +125,13 @@ def _put(data: dict[str, Any], parts: list[str], value: Any, *, old: str, new: s
     node[parts[-1]] = value
 
 
-def move_renamed(data: dict[str, Any], *, warn: bool = True) -> dict[str, Any]:
-    """A copy of the config mapping ``data`` with every former key moved to its current one (one
+def move_renamed(
+    data: dict[str, Any], *, warn: bool = True, renamed: Mapping[str, str] = RENAMED
+) -> dict[str, Any]:
+    """A copy of the config mapping ``data`` with every former key of ``renamed`` moved to its current one (one
     :class:`RenamedKeyWarning` per key moved, unless ``warn`` is False)."""
     out = _copy(data)
-    for old, new in RENAMED.items():
+    for old, new in renamed.items():
         value = _pop(out, old.split("."))
         if value is _MISSING:
             continue

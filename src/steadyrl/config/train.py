@@ -247,6 +247,9 @@ class OptimConfig(_Section):
     """The optimizer (AdamW, or Muon + AdamW) and the optimization phase of each learner step (the learning rate is
     the top-level ``lr``)."""
 
+    #: ``optim.name=muon`` keeps the section's other keys (they apply to the AdamW part as well).
+    keeps_keys_on_rename: ClassVar[bool] = True
+
     name: Literal["adamw", "muon"] = Field(
         "adamw",
         description="adamw: AdamW on every parameter. muon: "
@@ -605,6 +608,9 @@ class LogConfig(_Section):
 
 class ProximalConfig(_Section):
     """π_prox of the loss and the mismatch split it enables (arXiv 2605.12070)."""
+
+    #: ``proximal=ewma`` keeps ``proximal.beta`` given before it.
+    keeps_keys_on_rename: ClassVar[bool] = True
 
     name: Literal["current", "behavior_snapshot", "ewma"] = Field(
         "current",
