@@ -7,8 +7,8 @@ check").
    on ``--device`` (:class:`steadyrl.base.device.Placement`), warm-start it there on the main job's chain_sum
    (two 2-digit terms) for at most ``warm_start.max_steps`` steps, and save it with its tokenizer.
 2. Run ``steadyrl train`` in-process on that directory (``model.name=<dir>``) with ``precision=bf16-mixed``,
-   ``lag=0`` (so every step logs ``mismatch/*``, the bf16 KV-cache sampler against the learner's one-pass recompute)
-   and an ``optim.microbatch_tokens`` budget below the batch's tokens (so the learner micro-batches).
+   ``runtime.lag.k=0`` (so every step logs ``mismatch/*``, the bf16 KV-cache sampler against the learner's one-pass
+   recompute) and an ``optim.microbatch_tokens`` budget below the batch's tokens (so the learner micro-batches).
 3. Print, and write to ``$OUT/gpu_check.json`` when ``OUT`` is set (or to ``--json``), the fields of
    :func:`summarize`.
 4. The items of :data:`ITEMS`, each PASS or FAIL by a rule that can fail (:func:`run_items`): training raises the

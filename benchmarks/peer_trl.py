@@ -18,8 +18,8 @@ Two response budgets are measured (``--tokens``):
 What each side runs:
 
 * steadyrl: ``steadyrl.train.entry.main`` (the ``steadyrl train`` command itself, in process) with ``method=grpo
-  lag=0 runtime.threads=1``, eval only at step 0 (on 16 problems) and at the end, no checkpoints between; per-step
-  times are its ``time/step_s``, ``time/batch_s`` (sampling + scoring = *generation*) and ``time/learn_s``
+  runtime.lag.k=0 runtime.threads=1``, eval only at step 0 (on 16 problems) and at the end, no checkpoints between;
+  per-step times are its ``time/step_s``, ``time/batch_s`` (sampling + scoring = *generation*) and ``time/learn_s``
   (*learner*) of ``metrics.jsonl``.
 * TRL: ``GRPOTrainer`` with ``num_generations=8``, ``per_device_train_batch_size=128``, one gradient-accumulation
   step (one optimizer step per 128 completions, so no old-log-prob pass), ``beta=0`` (no reference model),
@@ -172,8 +172,8 @@ def prompt_tokens(model_dir: Path, problems: Sequence[Problem]) -> float:
 
 # ------------------------------------------------------------------------------------------------ steadyrl
 def steadyrl_run(setting: Setting, *, steps: int, seed: int, lr: float, out_dir: Path) -> list[StepTime]:
-    """``steadyrl train method=grpo lag=0`` on ``setting`` for ``steps`` steps: the wall times of its metrics, the CPU
-    times of the loop's step, of the rollout source's ``next_batch`` and of ``Learner.step``."""
+    """``steadyrl train method=grpo runtime.lag.k=0`` on ``setting`` for ``steps`` steps: the wall times of its metrics,
+    the CPU times of the loop's step, of the rollout source's ``next_batch`` and of ``Learner.step``."""
     from steadyrl.runtime.lag import LagSource
     from steadyrl.train import loop
     from steadyrl.train.entry import main

@@ -10,7 +10,7 @@ Three parts, in one run (``--parts``):
   the float32 transformers model (the trainer) recomputes π at the sampling temperature, and
   :func:`~steadyrl.rollout.vllm_engine.engine_mismatch` reports ``mismatch/ess_ratio``, ``mismatch/kl_k3``,
   ``mismatch/max_abs_dlogp`` (the transformers engine's own row is the same recompute of its own samples).
-* ``train``: short ``steadyrl train rollout.engine=vllm lag=0`` runs of ``--methods`` (default: grpo, i.e. no
+* ``train``: short ``steadyrl train rollout.engine=vllm runtime.lag.k=0`` runs of ``--methods`` (default: grpo, i.e. no
   correction, and seq_tis) at ``--train-dtype``: does the correction matter when the only off-policyness is the
   engine's? Reports reward, accuracy and the mismatch the learner saw.
 
@@ -135,7 +135,7 @@ def mismatch(
 
 
 def train_runs(args: argparse.Namespace) -> None:
-    print(f"train: steadyrl train rollout.engine=vllm rollout.vllm.dtype={args.train_dtype} lag=0, "
+    print(f"train: steadyrl train rollout.engine=vllm rollout.vllm.dtype={args.train_dtype} runtime.lag.k=0, "
           f"{args.train_steps} steps, seed {args.seed}")  # fmt: skip
     print(f"  {'method':<10} {'reward first10':>14} {'reward last10':>13} {'eval/acc base->final':>21} "
           f"{'min mismatch ess':>16} {'max mismatch k3':>15} {'max is/weight':>13} {'s/step':>7}")  # fmt: skip
