@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from steadyrl.pool import GroupRecord, PoolConfig, RolloutPool, pace_scores, select
+from steadyrl.pool.config import PaceConfig
 from steadyrl.pool.policies import pace_rate, prefix_forgetting
 from steadyrl.pool.pool import DuplicateRolloutError
 from steadyrl.rollout.rollouts import PAD_VERSION, Rollouts
@@ -93,12 +94,13 @@ def test_pace_drift_score_weights_generation_staleness_by_the_sharpened_percenti
 def test_pace_drift_spares_the_group_whose_prefix_the_learner_still_scores_alike() -> None:
     # two groups of equal waiting and generation staleness; the learner forgot group 0's prefix, not group 1's
     rs = [record(0, [[2, 6]]), record(1, [[2, 6]]), record(2, [[7]])]
-    cfg = PoolConfig(policy="pace", target_occupancy=2, pace_ema=0.0)
+    cfg = PoolConfig(policy="pace", pace=PaceConfig(target_occupancy=2, ema=0.0))
     drift, _ = _drift_of({0: [2.0], 1: [0.01]})
     sel = select(rs, cfg=cfg, v_now=8, batch_groups=1, drift=drift)
     assert [r.group_id for r in sel.rejected] == [0]
     # by version gaps alone the two tie and the earlier arrival goes
-    old = select(rs, cfg=cfg.model_copy(update={"pace_score": "version_gap"}), v_now=8, batch_groups=1)
+    version_gap = PoolConfig(policy="pace", pace=PaceConfig(target_occupancy=2, ema=0.0, score="version_gap"))
+    old = select(rs, cfg=version_gap, v_now=8, batch_groups=1)
     assert [r.group_id for r in old.rejected] == [0]
     drift2, _ = _drift_of({0: [0.01], 1: [2.0]})
     assert [r.group_id for r in select(rs, cfg=cfg, v_now=8, batch_groups=1, drift=drift2).rejected] == [1]
@@ -106,7 +108,8 @@ def test_pace_drift_spares_the_group_whose_prefix_the_learner_still_scores_alike
 
 def test_pool_rescores_each_group_once_per_learner_version() -> None:
     drift, asked = _drift_of({g: [1.0] for g in range(6)})
-    pool = RolloutPool(PoolConfig(policy="pace", target_occupancy=1, pace_ema=0.0), batch_groups=5, drift=drift)
+    cfg = PoolConfig(policy="pace", pace=PaceConfig(target_occupancy=1, ema=0.0))
+    pool = RolloutPool(cfg, batch_groups=5, drift=drift)
     for g in range(3):
         pool.add(record(g, [[1, 3]]))
     assert pool.take(v_now=4)[0] is None  # 3 pooled < 5: no batch; 2 rejected, all 3 scored
@@ -119,7 +122,7 @@ def test_pool_rescores_each_group_once_per_learner_version() -> None:
 
 
 def test_pace_rate_is_an_ema_of_the_excess_share() -> None:
-    cfg = PoolConfig(policy="pace", target_occupancy=4, pace_score="version_gap", pace_ema=0.5)
+    cfg = PoolConfig(policy="pace", pace=PaceConfig(target_occupancy=4, score="version_gap", ema=0.5))
     rate, budgets = 0.0, []
     for n in (8, 8, 8, 3):
         rs = [record(i, [[1]]) for i in range(n)]
@@ -132,7 +135,7 @@ def test_pace_rate_is_an_ema_of_the_excess_share() -> None:
 
 
 def test_pace_drift_needs_the_rescoring_function() -> None:
-    with pytest.raises(ValueError, match="pace_score=drift"):
+    with pytest.raises(ValueError, match=r"pace\.score=drift"):
         select([record(0, [[1]])], cfg=PoolConfig(policy="pace"), v_now=3, batch_groups=1)
 
 
@@ -154,7 +157,8 @@ def test_drop_discards_groups_whose_oldest_token_is_too_stale(policy: str) -> No
 
 def test_pace_rejects_the_excess_with_the_highest_scores() -> None:
     rs = [record(0, [[5]]), record(1, [[1]]), record(2, [[7]]), record(3, [[2]]), record(4, [[1]])]
-    cfg = PoolConfig(policy="pace", target_occupancy=3, pace_score="version_gap", pace_ema=0.0)  # the hard budget
+    # the hard budget
+    cfg = PoolConfig(policy="pace", pace=PaceConfig(target_occupancy=3, score="version_gap", ema=0.0))
     sel = select(rs, cfg=cfg, v_now=8, batch_groups=2)
     # scores (WS only, single tokens) 3, 7, 1, 6, 7: budget 2 rejects the two 7s (ties: earlier arrival first)
     assert [r.group_id for r in sel.rejected] == [1, 4]
@@ -173,15 +177,15 @@ def test_policy_invariants(v_starts: list[int], s: int, P: int, target_extra: in
     rs = [record(i, [[v, v + 1]]) for i, v in enumerate(v_starts)]
     v_now = 22
     for policy in ("fifo", "drop", "max_staleness", "pace"):
-        cfg = PoolConfig(policy=policy, max_staleness=s, target_occupancy=P + target_extra, pace_score="version_gap",
-                         pace_ema=0.0)  # fmt: skip
+        pace = PaceConfig(target_occupancy=P + target_extra, score="version_gap", ema=0.0)
+        cfg = PoolConfig(policy=policy, max_staleness=s, pace=pace)
         sel = select(rs, cfg=cfg, v_now=v_now, batch_groups=P)
         out = (sel.batch or []) + sel.remaining + sel.dropped + sel.rejected
         assert sorted(r.group_id for r in out) == list(range(len(rs)))  # nothing lost, nothing duplicated
         if policy in ("drop", "max_staleness"):
             assert all(v_now - r.v_start <= s for r in (sel.batch or []) + sel.remaining)
         if policy == "pace":
-            assert len(sel.rejected) == max(0, len(rs) - cfg.target_occupancy)
+            assert len(sel.rejected) == max(0, len(rs) - cfg.pace.target_occupancy)
             kept = pace_scores((sel.batch or []) + sel.remaining, v_now=v_now, lam=1.0)
             gone = pace_scores(sel.rejected, v_now=v_now, lam=1.0)
             if len(kept) and len(gone):

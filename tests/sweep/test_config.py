@@ -33,10 +33,12 @@ def test_grid_is_the_product_in_written_order_times_seeds_plus_include(tmp_path:
         "method=seq_tis,lag=4,seed=1", "method=vcpo,seed=3", "method=vcpo,seed=1",
     ]  # fmt: skip
     first = specs[0]
-    assert (first.config.method.name, first.config.lag, first.config.seed, first.config.steps) == ("grpo", 0, 3, 6)
+    cfg = first.config
+    assert (cfg.method.name, cfg.runtime.lag.k, cfg.seed, cfg.steps) == ("grpo", 0, 3, 6)
     assert first.config.runtime.threads == 1 and first.config.log.progress is False
     assert first.out_dir == tmp_path / "sweep" / "method=grpo,lag=0,seed=3"
-    assert specs[-1].config.method.name == "vcpo" and specs[-1].config.lag == 16  # include: the base config's lag
+    last = specs[-1].config
+    assert last.method.name == "vcpo" and last.runtime.lag.k == 16  # include: the base config's lag
     assert [s.entry.reference for s in specs] == [True, True] + [False] * 8
     # the train command's arguments give back the same config
     again = load_config(TrainConfig, path=first.config_path, overrides=list(first.overrides))

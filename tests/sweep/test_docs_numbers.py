@@ -69,7 +69,7 @@ def test_the_overrides_pick_the_row_and_its_step_and_peak_are_checked(tmp_path: 
 
 def test_no_row_or_no_run_is_a_usage_error(tmp_path: Path, run: Path, capsys) -> None:
     assert _main(tmp_path, run, README, "runtime.lag.k=99") == 2
-    assert "has no row for `steadyrl train lag=99`" in capsys.readouterr().err
+    assert "has no row for `steadyrl train runtime.lag.k=99`" in capsys.readouterr().err
     assert _main(tmp_path, tmp_path / "nowhere", README) == 2
     assert "no metrics in" in capsys.readouterr().err
     assert docs_numbers.table_rows("no table here\n") == []

@@ -20,7 +20,7 @@ def test_every_shipped_sweep_expands_into_valid_runs(name: str) -> None:
 def test_regime_lr_is_a_sync_lr_grid_beside_the_stale_methods() -> None:
     path = shipped_sweeps()["regime_lr"]
     runs = expand(load_sweep(path, []), sweep_file=path)
-    cells = {(r.config.method.name, r.config.lag, r.config.lr) for r in runs}
+    cells = {(r.config.method.name, r.config.runtime.lag.k, r.config.lr) for r in runs}
     lrs = {1e-4, 3e-4, 1e-3}
     assert cells == {(m, lag, lr) for m, lag in (("grpo", 0), ("seq_tis", 64), ("vcpo", 64)) for lr in lrs}
     assert {r.config.seed for r in runs} == {0, 1, 2}

@@ -170,7 +170,8 @@ def test_wandb_offline_logs_every_step_and_a_resume_continues_the_run(tiny_overr
                     key = item.key or "/".join(item.nested_key)  # a key with '/' comes as nested_key
                     if not key.startswith("_"):  # _step, _runtime, _timestamp: wandb's own
                         logged.setdefault((key, step), []).append(json.loads(item.value_json))
-    assert config["steps"] == 3 and config["log"]["wandb"] is True  # the resolved config, updated by the resume
+    # the resolved config, updated by the resume
+    assert config["steps"] == 3 and config["log"]["wandb"]["enabled"] is True
     assert all(len(v) == 1 for v in logged.values()), {k: v for k, v in logged.items() if len(v) > 1}
     want = _expected(records)
     assert set(want) <= set(logged)
@@ -193,7 +194,7 @@ def test_mlflow_logs_params_and_one_value_per_step_and_a_resume_continues_the_ru
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("steadyrl").experiment_id])
     assert run.info.run_id == state["run_id"] and run.info.run_name == "run" and run.info.status == "FINISHED"
-    assert run.data.params["steps"] == "2" and run.data.params["log.mlflow"] == "true"
+    assert run.data.params["steps"] == "2" and run.data.params["log.mlflow.enabled"] == "true"
     assert run.data.tags["resume/steps"] == "3" and run.data.tags["resume/resume"] == "true"
     want = _expected(records)
     keys = {k for k, _ in want if not k.startswith("time/")}

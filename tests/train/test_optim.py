@@ -54,7 +54,7 @@ def test_muon_gets_the_hidden_matrices_and_never_the_embeddings_or_the_output_la
 
 def test_a_muon_step_moves_the_matrices_with_muon_and_the_rest_with_adamw() -> None:
     model = _model()
-    learner = _learner(model, name="muon", muon_lr=0.02)
+    learner = _learner(model, name="muon", muon={"lr": 0.02})
     assert isinstance(learner.optimizer, MuonAdamW)
     out = learner.step(*_batch(model))
     assert out.applied == 1 and out.metrics["lr"] == pytest.approx(1e-2)  # the metric is AdamW's (the run's) lr
@@ -67,7 +67,7 @@ def test_a_muon_step_moves_the_matrices_with_muon_and_the_rest_with_adamw() -> N
 
 def test_muon_lr_follows_the_warm_up() -> None:
     model = _model()
-    learner = _learner(model, name="muon", muon_lr=0.05, warmup_steps=4)
+    learner = _learner(model, name="muon", muon={"lr": 0.05}, warmup_steps=4)
     learner.step(*_batch(model))
     groups = learner.optimizer.param_groups
     assert groups[0]["lr"] == pytest.approx(1e-2 / 4) and groups[-1]["lr"] == pytest.approx(0.05 / 4)

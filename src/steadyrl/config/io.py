@@ -4,8 +4,8 @@ The scheme (used by ``steadyrl train``):
 
 1. Start from the model's defaults, or from a YAML file (``yaml.safe_load``; its top level must be a mapping).
 2. Apply command-line overrides in order. ``a.b.c=value`` sets a nested key; ``value`` is parsed as YAML, safely
-   (``lag=32`` is an int, ``lr=3e-4`` a float, ``optim.betas=[0.9,0.99]`` a list, ``out_dir=runs/x`` a string).
-   Files and values use ``yaml.SafeLoader`` with one addition: ``3e-4`` (no dot) is a float, as in YAML 1.2.
+   (``runtime.lag.k=32`` is an int, ``lr=3e-4`` a float, ``optim.betas=[0.9,0.99]`` a list, ``out_dir=runs/x`` a
+   string). Files and values use ``yaml.SafeLoader`` with one addition: ``3e-4`` (no dot) is a float, as in YAML 1.2.
 3. A section that has a ``name`` field (``task``, ``model``, ``method``, ``proximal``) accepts a bare value as its
    name: ``task: chain_sum`` in YAML and ``task=chain_sum`` on the command line set ``task.name`` and keep the
    section's other keys. A section with an ``enabled`` switch (``tools``, ``log.wandb``, ...) accepts a bare true or
@@ -206,7 +206,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError(f"override {item!r} is not of the form key=value (e.g. lag=32, optim.weight_decay=0.1)")
+        raise ConfigError(
+            f"override {item!r} is not of the form key=value (e.g. runtime.lag.k=32, optim.weight_decay=0.1)"
+        )
     parts = key.split(".")
     if any(not p for p in parts):
         raise ConfigError(f"override {item!r}: empty part in the key {key!r}")

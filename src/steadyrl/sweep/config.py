@@ -116,7 +116,7 @@ def _check_keys(keys: Sequence[str], where: str) -> None:
 
 
 def _is_config_key(key: str) -> bool:
-    return key.split(".")[0] in TrainConfig.model_fields
+    return key.split(".")[0] in TrainConfig.model_fields or key in TrainConfig.former_keys
 
 
 class SweepConfig(BaseModel):

@@ -290,7 +290,7 @@ class ContextLengthError(ValueError):
 def check_context_length(cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, problems: Sequence[Problem]) -> None:
     """Refuse a run whose longest prompt + response budget exceeds ``model.config.max_position_embeddings``.
 
-    The budget is ``sampling.max_new_tokens`` (``tools.max_total_tokens`` with tools on). Past its positions a
+    The budget is ``rollout.max_new_tokens`` (``tools.max_total_tokens`` with tools on). Past its positions a
     model with learned position embeddings fails mid-run and a RoPE model is scored where it was never trained;
     either way the fix is in the config, so it is named before anything is sampled.
     """
@@ -301,7 +301,7 @@ def check_context_length(cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, 
     lengths = [len(ids) for ids in tokenizer([p.prompt for p in problems])["input_ids"]]
     longest = max(lengths)
     if longest + budget > limit:
-        key = "tools.max_total_tokens" if cfg.tools.enabled else "sampling.max_new_tokens"
+        key = "tools.max_total_tokens" if cfg.tools.enabled else "rollout.max_new_tokens"
         raise ContextLengthError(
             f"the longest prompt ({longest} tokens, of {len(problems)} train and eval problems) plus {key}={budget} "
             f"exceeds the model's max_position_embeddings ({limit}): lower {key} to at most {limit - longest}, "
