@@ -281,6 +281,7 @@ def test_expected_split_of_the_catalog() -> None:
         "gmc_grpo", "vcpo", "opob", "oapl", "vaco", "copc", "brace", "estr", "kl_in_reward", "otb", "score_centering",
         "clip_cov", "kl_cov",  # batch-wide covariance ranking; AReaL hands the loss one micro-batch
         "rloo", "reinforce_pp", "reinforce_pp_baseline",  # AReaL's loss input carries its own advantages only
+        "adaptive_entropy",  # the adapter feeds no entropy to the loss
     }  # fmt: skip
 
 

@@ -185,7 +185,7 @@ def test_missing_behavior_or_normalizers_are_refused() -> None:
 
 @pytest.mark.parametrize("name", REFUSED)
 def test_unhostable_presets_raise_naming_what_is_missing(name: str) -> None:
-    missing = r"cannot run as an OpenRLHF policy loss: .*(rewards|behav_entropy|ref_logp|versions|centering)"
+    missing = r"cannot run as an OpenRLHF policy loss: .*(rewards|entropy|ref_logp|versions|centering)"
     with pytest.raises(ValueError, match=missing):
         sopen.PolicyLoss(name)
     with pytest.raises(ValueError, match="cannot run"):

@@ -305,6 +305,7 @@ def test_expected_split_of_the_catalog() -> None:
         "clip_cov", "kl_cov",  # batch-wide covariance ranking
         "dro", "ipo",  # a penalty that does not scale with the pre-scaled advantages
         "rloo", "reinforce_pp", "reinforce_pp_baseline",  # only the GRPO estimator is registered
+        "adaptive_entropy",  # a step-level controller, and no entropy reaches SkyRL's policy loss
     }  # fmt: skip
 
 

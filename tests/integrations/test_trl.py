@@ -148,6 +148,65 @@ def test_loss_equals_compute_loss(model_dir: Path, tmp_path: Path, method: str) 
         assert logged[strl.METRIC_PREFIX + key] == pytest.approx(float(ref_metrics[key]), abs=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:method 'grpo' has step-level controllers")
+@pytest.mark.parametrize("config", [{"entropy_coef": 0.02}, {"entropy_coef": 0.02, "use_adaptive_entropy": True,
+                                                            "entropy_target": 100.0}])  # fmt: skip
+def test_trl_entropy_options_become_the_methods_bonus(model_dir: Path, tmp_path: Path, config: dict) -> None:
+    """GRPOConfig's entropy_coef (and adaptive control) map onto the method: the adapter's loss is compute_loss with
+    TRL's entropies (token mean over the completion mask) and the coefficient the controller applies."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model(ARCH, tokenizer=tok, seed=0).double()
+    trainer = make_trainer(model_dir, tmp_path, method="grpo", model=model, **config)
+    spec = trainer.steadyrl_method
+    assert (spec.entropy.coef, spec.entropy.agg, spec.entropy.mask) == (0.02, "token-mean", "input")
+    adaptive = config.get("use_adaptive_entropy", False)
+    assert [c.type for c in spec.controllers] == (["adaptive_entropy"] if adaptive else [])
+    inputs = one_micro_batch(trainer)
+    loss = trainer.compute_loss(trainer.model, inputs).detach()
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith(strl.METRIC_PREFIX)}
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        logp, entropy, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, att, inputs["completion_ids"].size(1), compute_entropy=True
+        )
+    batch = {**reference_batch(trainer, inputs, logp), "entropy": entropy}
+    if adaptive:
+        batch["entropy_coef"] = 0.0  # the first step applies nothing (TRL: the last entropy starts at +inf)
+    method = "grpo+adaptive_entropy" if adaptive else "grpo"
+    ref_loss, ref_metrics = compute_loss(method, batch, overrides={"entropy.coef": 0.02, "entropy.agg": "token-mean"})
+    assert float(loss) == pytest.approx(float(ref_loss), abs=1e-9, rel=0)
+    m = inputs["completion_mask"].bool()
+    # TRL's log holds float32 values
+    assert logged["steadyrl/entropy/mean"] == pytest.approx(float(entropy[m].mean()), rel=1e-6)
+    assert logged["steadyrl/entropy/coef"] == pytest.approx(0.0 if adaptive else 0.02, abs=1e-9)  # adaptive: 0 first
+    assert float(ref_metrics["loss/entropy_bonus"]) == pytest.approx(logged["steadyrl/loss/entropy_bonus"], rel=1e-6)
+
+
+def test_adaptive_entropy_state_goes_through_trls_checkpoint(model_dir: Path, tmp_path: Path) -> None:
+    """use_adaptive_entropy: c moves once per optimizer step (target above the entropy: +δ), TRL's own
+    entropy_ctrl_state.json holds the controller's state, and a run resumed from it applies the saved c."""
+    import json
+
+    # two micro-batches per optimizer step (TRL's advantages then)
+    config = {"use_adaptive_entropy": True, "entropy_coef": 0.01, "entropy_target": 100.0, "entropy_coef_delta": 0.005,
+              "save_strategy": "steps", "save_steps": 2, "gradient_accumulation_steps": 2,
+              "per_device_train_batch_size": 4}  # fmt: skip
+    trainer = make_trainer(model_dir, tmp_path, adapter={"advantages": "trl"}, **config)
+    trainer.train()
+    rows = _history(trainer)
+    assert [r["steadyrl/entropy/adaptive_coef"] for r in rows] == pytest.approx([0.015, 0.02], abs=1e-12)
+    assert [r["steadyrl/entropy/coef"] for r in rows] == pytest.approx([0.0, 0.015], abs=1e-8)  # logged in float32
+    state = json.loads((tmp_path / "out" / "checkpoint-2" / "entropy_ctrl_state.json").read_text())
+    assert state["entropy_coef"] == pytest.approx(0.02, abs=1e-12) and state["last_world_entropy"] < 100.0
+
+    resumed = make_trainer(model_dir, tmp_path, adapter={"advantages": "trl"}, **{**config, "max_steps": 3})
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    last = _history(resumed)[-1]
+    assert last["steadyrl/entropy/coef"] == pytest.approx(0.02, abs=1e-8)  # the restored c, applied
+    assert last["steadyrl/entropy/adaptive_coef"] == pytest.approx(0.025, abs=1e-12)
+
+
 def test_trl_logps_match_steadyrl_forward(model_dir: Path, tmp_path: Path) -> None:
     """TRL's log-prob forward scores the same tokens at the same temperature as steadyrl's learner (alignment)."""
     trainer = make_trainer(model_dir, tmp_path)
@@ -274,6 +333,8 @@ def test_every_hosted_preset_trains(model_dir: Path, tmp_path: Path, method: str
         ("gmc_grpo", {"advantages": "trl"}, {}, "couples the completions"),
         ("grpo", {"advantages": "verl"}, {}, "advantages='verl' is not one of"),
         ("grpo", {"grad_norms": "exact"}, {}, "grad_norms='exact' is not one of"),
+        ("grpo+adaptive_entropy", {}, {"entropy_coef": 0.01}, "set it in one place"),
+        ("grpo", {"method_overrides": {"entropy.coef": 0.1}}, {"use_adaptive_entropy": True}, "set it in one place"),
     ],
 )
 def test_refusals_name_the_cause(

@@ -126,7 +126,7 @@ def test_float32_weights_recover_behavior(name: str) -> None:
 @pytest.mark.parametrize("name", REFUSED)
 def test_unhostable_presets_raise_naming_what_is_missing(name: str) -> None:
     x = tensors()
-    missing = r"cannot run: .*(rewards|behav_entropy|ref_logp|group_ids|versions|centering)"
+    missing = r"cannot run: .*(rewards|entropy|ref_logp|group_ids|versions|centering)"
     with pytest.raises(ValueError, match=missing):
         call_as_verl(sverl.PREFIX + name, x, x["logp"], "token-mean", verl_weights(x))
     with pytest.raises(ValueError, match="cannot run as a verl policy loss"):
@@ -243,6 +243,14 @@ def test_method_without_behavior_needs_no_weights() -> None:
     ref = reference("ppo", x, x["logp"], behav=x["old"])
     assert torch.allclose(loss, ref.loss, rtol=1e-9, atol=1e-12)
     assert metrics["steadyrl/is/ess_ratio"] == pytest.approx(1.0)
+
+
+def test_an_entropy_bonus_points_to_verls_own_entropy_coeff() -> None:
+    """verl adds its entropy bonus outside the policy loss (``actor.entropy_coeff``, aggregated with loss_agg_mode):
+    a method with one is refused, naming that setting."""
+    with pytest.raises(ValueError, match=r"needs 'entropy'.*actor_rollout_ref\.actor\.entropy_coeff"):
+        sverl.make_policy_loss("seq_tis", {"entropy.coef": 0.01})
+    assert not sverl.supported("adaptive_entropy")[0]
 
 
 def test_loss_agg_mode_must_match_the_method() -> None:

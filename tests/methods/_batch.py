@@ -30,4 +30,6 @@ def make_batch(
         "sum_p2": torch.rand(B, T, generator=g, dtype=torch.float64) * 0.5 + 0.1,
         # score centering's Σ_v sg(μ_v w_v) log π_θ(v): a function of π_θ, so it carries logp's gradient here
         "centering": 0.9 * logp - 0.3 * torch.rand(B, T, generator=g, dtype=torch.float64),
+        # the policy's entropy H: a function of π_θ, so it carries logp's gradient here too
+        "entropy": 1.5 + 0.4 * logp + 0.2 * torch.rand(B, T, generator=g, dtype=torch.float64),
     }

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from steadyrl import compute_loss, resolve_method
-from steadyrl.methods import PRESETS, PRESETS_BY_NAME, reads_behavior, required_inputs
+from steadyrl.methods import PRESETS, PRESETS_BY_NAME, MethodSpec, reads_behavior, required_inputs
 from steadyrl.methods.batch import KEY_DOCS
 from tests.core.advantages.test_vaco import _ref_vaco
 from tests.methods._batch import make_batch
@@ -319,3 +319,43 @@ def test_otb_gets_the_return_to_go_of_token_rewards() -> None:
     loss, _ = compute_loss(spec, batch)
     ref = -(expect[mask]).mean()  # REINFORCE at r = 1, no correction: −mean A over trained tokens
     assert loss.item() == pytest.approx(ref.item(), abs=1e-10)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_entropy_bonus_on_every_method(name: str) -> None:
+    """``entropy.coef = c`` on any preset adds −c·agg(H) over the tokens its objective trains on (the method's own
+    reduction by default), leaves the rest of the loss alone, and gives an exact zero on a fully masked batch."""
+    from steadyrl.core.masking import aggregate
+    from steadyrl.methods.compose import _entropy_reduction
+
+    spec = resolve_method(name, {"entropy.coef": 0.05})
+    batch = make_batch()
+    plain = compute_loss(name, {**batch, "entropy_coef": 0.0} if "entropy" in required_inputs(spec) else batch)
+    out = compute_loss(spec, batch, return_details=True)
+    agg, rows = _entropy_reduction(spec)
+    norm = None if spec.norm_len is None else float(spec.norm_len)
+    count = batch["mask"] if spec.denominator == "input" else None
+    want = -0.05 * aggregate(batch["entropy"].detach(), out.mask, agg, norm_len=norm, empty_rows=rows, count_mask=count)
+    torch.testing.assert_close(out.metrics["loss/entropy_bonus"], want, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(out.loss.detach() - plain.loss.detach(), want, rtol=1e-9, atol=1e-12)
+    assert float(out.metrics["entropy/coef"]) == 0.05 and not out.metrics["entropy/mean"].requires_grad
+
+    batch = make_batch()
+    batch["mask"] = torch.zeros_like(batch["mask"])
+    loss, metrics = compute_loss(spec, batch)
+    loss.backward()
+    assert loss.item() == 0.0 and float(metrics["loss/entropy_bonus"]) == 0.0
+    assert torch.count_nonzero(batch["logp"].grad) == 0
+
+
+def test_an_entropy_bonus_needs_the_entropy_and_takes_the_batch_coefficient() -> None:
+    batch = make_batch()
+    spec = resolve_method("grpo", {"entropy.coef": 0.05})
+    assert "entropy" in required_inputs(spec) and "entropy" not in required_inputs(resolve_method("grpo"))
+    with pytest.raises(ValueError, match=r"'entropy': \[B,T\] entropy"):
+        compute_loss(spec, {k: v for k, v in batch.items() if k != "entropy"})
+    a = compute_loss(spec, {**batch, "entropy_coef": torch.tensor(0.1, dtype=torch.float64)})
+    b = compute_loss("grpo", batch, overrides={"entropy.coef": 0.1})
+    torch.testing.assert_close(a.loss, b.loss, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="adaptive_entropy twice"):
+        MethodSpec(name="x", controllers=({"type": "adaptive_entropy"}, {"type": "adaptive_entropy"}))  # type: ignore[arg-type]

@@ -91,3 +91,25 @@ def test_methods_table_and_demo_run(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_command_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trian"]) == 2
     assert "unknown command" in capsys.readouterr().err
+
+
+def test_entropy_options_resolve_on_any_method_and_the_catalog_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
+    from steadyrl.config.train import MethodConfig
+
+    m = resolve_method("seq_tis+gac", {"entropy.coef": 0.01, "entropy.agg": "token-mean", "gac.alpha": 0.5})
+    assert (m.entropy.coef, m.entropy.agg, m.entropy.mask) == (0.01, "token-mean", "kept")
+    assert MethodConfig(name="grpo", entropy={"coef": 0.02}).resolve().entropy.coef == 0.02  # method.entropy.coef=
+    a = resolve_method("grpo+adaptive_entropy", {"adaptive_entropy.target": 1.5})
+    assert a.controllers[0].type == "adaptive_entropy" and a.controllers[0].target == 1.5  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=r"entropy\.coeff: Extra inputs are not permitted"):
+        resolve_method("grpo", {"entropy.coeff": 0.01})
+    with pytest.raises(ValueError, match=r"entropy\.mask: Input should be 'kept' or 'input'"):
+        resolve_method("grpo", {"entropy.mask": "all"})
+    with pytest.raises(ValueError, match=r"coef_min=0\.5 must not exceed coef_max=0\.1"):
+        resolve_method("grpo+adaptive_entropy", {"adaptive_entropy.coef_min": 0.5, "adaptive_entropy.coef_max": 0.1})
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert "method.entropy.coef" in out and "method.adaptive_entropy.target" in out and "adaptive_entropy " in out
+    assert main(["methods", "--json"]) == 0
+    entries = {e["name"]: e for e in json.loads(capsys.readouterr().out)}
+    assert entries["grpo"]["spec"]["entropy"]["coef"] == 0.0 and "entropy" in entries["adaptive_entropy"]["needs"]

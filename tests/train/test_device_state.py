@@ -18,7 +18,7 @@ from torch import Tensor
 from steadyrl.base.device import Placement
 from steadyrl.config.guard import GuardConfig
 from steadyrl.config.train import OptimConfig
-from steadyrl.control import build_controllers
+from steadyrl.control import build_controllers, loss_inputs
 from steadyrl.integrations import step_control as step_control_module
 from steadyrl.integrations.step_control import StepControl
 from steadyrl.methods import resolve_method
@@ -81,7 +81,7 @@ def _trained_state(method: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return learner.model.state_dict(), learner.state_dict()
 
 
-@pytest.mark.parametrize("method", ["grpo", "seq_tis+gac", "seq_tis+ess_lr", "copc"])
+@pytest.mark.parametrize("method", ["grpo", "seq_tis+gac", "seq_tis+ess_lr", "copc", "grpo+adaptive_entropy"])
 def test_resumed_learner_state_follows_the_model_device(tmp_path, method: str) -> None:
     """A checkpoint is read to the CPU; the restored previous gradient, controller and critic states must sit on
     the model's device, or the first step after ``resume=true`` mixes devices (``grad/cos_prev``, GAC)."""
@@ -150,3 +150,23 @@ def test_adapter_step_control_keeps_every_tensor_on_the_model_device(monkeypatch
         _assert_on(control.control, META, "the adapter's control dict")
         control.finish(optimizer)
     assert seen and control.last["steadyrl/lr"] == pytest.approx(1e-3)
+
+
+def test_adaptive_entropy_state_and_control_values_follow_the_model_device() -> None:
+    """The adaptive entropy controller of a learner on ``meta`` (its state restored from a CPU checkpoint): the
+    coefficient it hands the loss, its state after ``before_step`` on the loss's metrics and the control values it
+    returns all live on the model's device."""
+    _, learner_state = _trained_state("grpo+adaptive_entropy")
+    learner = _learner("grpo+adaptive_entropy", META)
+    learner.load_state_dict(learner_state)
+    (ctrl,) = learner.controllers
+    _assert_on(ctrl.state_dict(), META, "controller state after resume")
+    inputs = loss_inputs(learner.controllers, META)
+    _assert_on(inputs, META, "the coefficient handed to the loss")
+    metrics = {"entropy/token_sum": torch.tensor(3.0, device=META), "entropy/tokens": torch.tensor(4.0, device=META)}
+    control = ctrl.before_step(optimizer=learner.optimizer, params=learner.params, metrics=metrics)
+    _assert_on(control, META, "control values")
+    _assert_on(ctrl.state_dict(), META, "controller state after a step")
+    fresh = build_controllers(resolve_method("grpo+adaptive_entropy"))  # built on the CPU, used on meta
+    _assert_on(loss_inputs(fresh, META), META, "a fresh controller's coefficient")
+    _assert_on(fresh[0].state_dict(), META, "a fresh controller's state once used")

@@ -3,7 +3,8 @@
 Counted: ``.item()``, ``.tolist()``, ``float()``, ``int()`` and ``bool()`` of a tensor called from steadyrl's own code
 (torch's internals, such as AdamW's step counter on the CPU, are not steadyrl's to change). A learner step reads twice:
 the loss and the gradient norm (whether to go on), then every metric with the post-clip norm and the controllers'
-decision (whether to step); VCPO's ESS step size reads its lr factor once more (optimizers take a Python lr).
+decision (whether to step); VCPO's ESS step size reads its lr factor once more (optimizers take a Python lr). The
+adaptive entropy coefficient reaches the loss and moves on the device: no read of its own.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ class HostReads:
         return read
 
 
-@pytest.mark.parametrize(("method", "most"), [("grpo", 2), ("seq_tis+gac", 2), ("seq_tis+ess_lr", 3)])
+@pytest.mark.parametrize(
+    ("method", "most"), [("grpo", 2), ("seq_tis+gac", 2), ("seq_tis+ess_lr", 3), ("grpo+adaptive_entropy", 2)]
+)
 def test_a_learner_step_reads_to_the_host_at_most_twice(
     monkeypatch: pytest.MonkeyPatch, method: str, most: int
 ) -> None:

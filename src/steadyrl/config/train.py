@@ -44,7 +44,7 @@ from steadyrl.tools.config import SandboxConfig
 PROVIDED_INPUTS: frozenset[str] = frozenset(
     {
         "rewards", "group_ids", "versions", "learner_version", "prox_logp", "behav_entropy", "grad_sq_norms",
-        "ref_logp", "values", "sum_p2", "centering",
+        "ref_logp", "values", "sum_p2", "centering", "entropy",
     }
 )  # fmt: skip
 

@@ -38,14 +38,28 @@ def parts_like(prev: Tensor | Sequence[Tensor] | None, params: Sequence[Tensor])
     return [t.view(shape) for t, shape in zip(flat.split([p.numel() for p in params]), shapes, strict=True)]
 
 
+def loss_inputs(controllers: Sequence[Any], device: torch.device | str) -> dict[str, Tensor]:
+    """The batch inputs the ``controllers`` hand the coming step's loss (their optional ``loss_inputs``), on
+    ``device``: the adaptive entropy coefficient (``entropy_coef``). Empty when none has any."""
+    out: dict[str, Tensor] = {}
+    for controller in controllers:
+        give = getattr(controller, "loss_inputs", None)
+        if give is not None:
+            out |= give(device=device)
+    return out
+
+
 @runtime_checkable
 class Controller(Protocol):
     """A step-level hook around ``optimizer.step()``.
 
-    Two optional attributes (a controller of one's own may leave them out): ``reads``, the ``compute_loss`` metrics
-    its ``before_step`` needs (an adapter keeps only those per micro-batch; default none), and ``keeps_raw_prev``,
-    whether it keeps the previous raw gradient anyway (as ``prev_grad``, per parameter; default False): the learner
-    then reads ``grad/cos_prev`` from that copy instead of keeping a second one.
+    Optional members (a controller of one's own may leave them out): ``reads``, the ``compute_loss`` metrics its
+    ``before_step`` needs (an adapter keeps only those per micro-batch; default none); ``keeps_raw_prev``, whether it
+    keeps the previous raw gradient anyway (as ``prev_grad``, per parameter; default False): the learner then reads
+    ``grad/cos_prev`` from that copy instead of keeping a second one; and ``loss_inputs(*, device) -> dict[str,
+    Tensor]``, batch inputs for the loss of the coming step (the adaptive entropy controller's ``entropy_coef``), as
+    tensors on ``device`` (:func:`loss_inputs` collects them; the learner and the adapters' step control call it
+    before each loss, and the controller updates them in ``before_step``, on the device, without a host read).
     """
 
     reads: tuple[str, ...]

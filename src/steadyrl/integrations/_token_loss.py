@@ -42,6 +42,9 @@ NOT_HOSTED: dict[str, str] = {
     "ref_logp": "the policy loss receives no reference log-probs (the framework adds its own reference KL)",
     "versions": "the policy loss receives no per-token policy versions (A-3PO's interpolation weight needs them)",
     "learner_version": "the policy loss receives no learner version (A-3PO's interpolation weight needs it)",
+    "entropy": "the policy loss receives no entropy of π_θ: the framework adds its own entropy bonus outside it (verl: "
+    "actor_rollout_ref.actor.entropy_coeff, aggregated with loss_agg_mode as steadyrl's entropy.agg=None); set it "
+    "there instead of the method's entropy.coef / adaptive_entropy",
 }
 
 

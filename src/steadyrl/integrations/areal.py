@@ -81,6 +81,8 @@ _NOT_HOSTED_INPUTS: dict[str, str] = {
     "behav_entropy": "AReaL records no entropy of the behavior distribution (its `entropy` argument is π_θ's)",
     "rewards": "AReaL's actor pops the rewards before the update; its loss gets advantages",
     "group_ids": "AReaL's loss input has no prompt groups",
+    "entropy": "the adapter does not feed AReaL's `entropy` argument to the loss (no entropy bonus in AReaL): leave "
+    "the method's entropy.coef at 0 and adaptive_entropy out",
 }
 #: PPOActorConfig options that act only inside AReaL's own loss: set, they would be silently ignored.
 _LOSS_ONLY_OPTIONS: dict[str, Any] = {

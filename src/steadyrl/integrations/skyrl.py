@@ -92,6 +92,8 @@ _NOT_HOSTED_INPUTS: dict[str, str] = {
     "ref_logp": "SkyRL's policy loss receives no reference log-probs: use its use_kl_loss / use_kl_in_reward",
     "rewards": "SkyRL's policy loss receives advantages, not rewards and groups",
     "group_ids": "SkyRL's policy loss receives advantages, not rewards and groups",
+    "entropy": "SkyRL's policy loss receives no entropy of π_θ: use its use_entropy_loss / entropy_loss_coef instead "
+    "of the method's entropy.coef",
 }
 
 

@@ -5,7 +5,8 @@ on the loss (:mod:`steadyrl.control`). Inside verl, OpenRLHF, AReaL or TRL the l
 framework owns the optimizer, so an adapter:
 
 1. calls :meth:`StepControl.record` with each training micro-batch's ``compute_loss`` metrics (only the metrics some
-   controller reads are kept: :attr:`~steadyrl.control.base.Controller.reads`);
+   controller reads are kept: :attr:`~steadyrl.control.base.Controller.reads`), and puts
+   :meth:`StepControl.loss_inputs` into each micro-batch's batch (the adaptive entropy coefficient);
 2. wraps the optimizer once (:meth:`StepControl.wrap`). Each ``optimizer.step()`` then
    - averages the recorded metrics over the step's micro-batches, and over the data-parallel processes (one learning
      rate for every replica);
@@ -34,7 +35,7 @@ import torch
 from torch import Tensor
 
 from steadyrl.base.device import host_values
-from steadyrl.control.base import SKIP_STEP, Controller
+from steadyrl.control.base import SKIP_STEP, Controller, loss_inputs
 from steadyrl.control.build import build_controllers
 from steadyrl.methods.spec import GAC, MethodSpec
 
@@ -111,6 +112,11 @@ class StepControl:
                 stacklevel=3,
             )
         self.pending.append({k: v.detach() for k, v in metrics.items() if k in self.reads})
+
+    def loss_inputs(self, device: torch.device | str) -> dict[str, Tensor]:
+        """Batch inputs the controllers hand each micro-batch's loss (the adaptive entropy coefficient
+        ``entropy_coef``), on ``device``; the same for every micro-batch of an optimizer step."""
+        return loss_inputs(self.controllers, device)
 
     # ---------------------------------------------------------------------------------------- the optimizer
     def check_processes(self) -> None:

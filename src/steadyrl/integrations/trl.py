@@ -42,6 +42,15 @@ over a logging window) as ``steadyrl/<key>`` (``steadyrl/is/ess_ratio``, ``stead
 ``steadyrl/vcpo/ess_scale``, ``steadyrl/gac/cos``, ...), with one host read per micro-batch. Versions are TRL's
 ``global_step`` at generation, so ``steadyrl/lag/*`` measure the forward lag.
 
+5. **Entropy bonus.** TRL's ``entropy_coef`` and ``use_adaptive_entropy`` (with ``entropy_target``,
+   ``entropy_coef_delta``, ``entropy_coef_min/max``) map onto the method's: ``entropy.coef`` with TRL's reduction (a
+   token mean over the completion mask: ``entropy.agg=token-mean``, ``entropy.mask=input``) and the
+   ``adaptive_entropy`` controller, whose coefficient reaches every micro-batch's loss and moves once per optimizer
+   step from the step's token-mean entropy over every micro-batch and process (TRL's window statistics). Its state
+   is written to and read from TRL's own ``entropy_ctrl_state.json`` of each checkpoint. A method that sets its own
+   entropy options (``method.entropy.coef``, ``+adaptive_entropy``) runs as it is; setting both is refused. The
+   entropy is TRL's (its fused LM head, at its temperature), requested only when the method needs it.
+
 Not hosted (no TRL tensor to build them from): ESTR (behavior entropies), OTB (Σ_v π_v² of π_prox), COPC (a critic).
 Confidence: [exact] as a mapping (the loss equals ``steadyrl.compute_loss`` on the same tensors; tests check 1e-6).
 """
@@ -55,6 +64,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from steadyrl.control.adaptive_entropy import AdaptiveEntropyController
 from steadyrl.integrations._framework import install_hint, missing_framework, warn_if_untested
 from steadyrl.integrations.step_control import StepControl
 from steadyrl.methods import MethodSpec, compute_loss, required_inputs, resolve_method
@@ -89,9 +99,9 @@ _SCORABLE, _VERSIONS = "steadyrl_scorable", "steadyrl_version"
 _LOSS_ONLY_OPTIONS: dict[str, Any] = {
     "top_entropy_quantile": 1.0,
     "off_policy_mask_threshold": None,
-    "entropy_coef": 0.0,
-    "use_adaptive_entropy": False,
 }
+#: ``entropy_ctrl_state.json`` keys of TRL's adaptive entropy state ↔ the controller's metrics that carry them.
+_ENTROPY_STATE = {"entropy_coef": "entropy/adaptive_coef", "_last_world_entropy": "entropy/step_mean"}
 
 
 class GRPOTrainer(_TRLGRPOTrainer):
@@ -129,6 +139,13 @@ class GRPOTrainer(_TRLGRPOTrainer):
         self.steadyrl_control = StepControl(spec, framework="trl", wrap_hint="the optimizer TRL creates")
         self._steadyrl_rewards_per_func: Tensor | None = None
         super().__init__(*args, **kwargs)
+        spec = with_trl_entropy(spec, self.args)
+        if spec is not self.steadyrl_method:
+            self.steadyrl_method, self.steadyrl_needs = spec, required_inputs(spec)
+            self.steadyrl_control = StepControl(spec, framework="trl", wrap_hint="the optimizer TRL creates")
+        # TRL saves and restores its adaptive entropy state (entropy_coef, _last_world_entropy) with each checkpoint
+        # when this is set; the controller's state is mirrored there (_steadyrl_before_step, _load_optimizer_...)
+        self.use_adaptive_entropy = _adaptive_entropy(self.steadyrl_control) is not None
         self._check_config()
 
     # ------------------------------------------------------------------------------------------------ checks
@@ -202,8 +219,11 @@ class GRPOTrainer(_TRLGRPOTrainer):
         return out
 
     # ------------------------------------------------------------------------------------------------ loss
-    def steadyrl_batch(self, model: torch.nn.Module, inputs: Mapping[str, Any], logp: Tensor) -> dict[str, Any]:
-        """The ``compute_loss`` batch of one TRL micro-batch, given π_θ's log-probs ``logp`` [B, T] (with gradient)."""
+    def steadyrl_batch(
+        self, model: torch.nn.Module, inputs: Mapping[str, Any], logp: Tensor, entropy: Tensor | None = None
+    ) -> dict[str, Any]:
+        """The ``compute_loss`` batch of one TRL micro-batch, given π_θ's log-probs ``logp`` [B, T] (with gradient)
+        and, for an entropy bonus, its entropies ``entropy`` [B, T] (with gradient)."""
         mask = inputs["completion_mask"].bool()
         if "tool_mask" in inputs:
             mask = mask & inputs["tool_mask"].bool()
@@ -230,6 +250,11 @@ class GRPOTrainer(_TRLGRPOTrainer):
             batch["advantages"] = inputs["advantages"].to(logp.dtype)
         if "ref_logp" in self.steadyrl_needs:
             batch["ref_logp"] = inputs["ref_per_token_logps"]
+        if "entropy" in self.steadyrl_needs:
+            if entropy is None:
+                raise ValueError(f"method {self.steadyrl_method.name!r} has an entropy bonus: pass the entropies")
+            batch["entropy"] = entropy
+        batch |= self.steadyrl_control.loss_inputs(logp.device)  # the adaptive entropy coefficient of this step
         if "grad_sq_norms" in self.steadyrl_needs:
             tokens = TokenBatch(inputs["prompt_ids"], inputs["prompt_mask"].bool(), inputs["completion_ids"], mask)
             batch["grad_sq_norms"] = per_trajectory_grad_sq_norms(
@@ -243,11 +268,12 @@ class GRPOTrainer(_TRLGRPOTrainer):
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         multimodal = {k: inputs.get(k) for k in _MULTIMODAL_KEYS}
-        logp, _, aux_loss = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_aux_loss=self.aux_loss_enabled,
-            **multimodal,
+        logp, entropy, aux_loss = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy="entropy" in self.steadyrl_needs,
+            compute_aux_loss=self.aux_loss_enabled, **multimodal,
         )  # fmt: skip
-        loss, metrics = compute_loss(self.steadyrl_method, self.steadyrl_batch(model, inputs, logp), validate=False)
+        batch = self.steadyrl_batch(model, inputs, logp, entropy)
+        loss, metrics = compute_loss(self.steadyrl_method, batch, validate=False)
         mode = "train" if self.model.training else "eval"
         self._log_steadyrl(metrics, mode)
         if mode == "train":
@@ -281,6 +307,15 @@ class GRPOTrainer(_TRLGRPOTrainer):
         control.prepare(optimizer, self._trainable_params())
         for key, value in control.last.items():
             self._metrics["train"][key].append(value)
+        if self.use_adaptive_entropy:  # mirrored where TRL's checkpoint writes its entropy state
+            for attr, key in _ENTROPY_STATE.items():
+                setattr(self, attr, control.last[METRIC_PREFIX + key])
+
+    def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)  # TRL reads entropy_ctrl_state.json into its attributes
+        ctrl = _adaptive_entropy(self.steadyrl_control)
+        if ctrl is not None and checkpoint is not None:
+            ctrl.load_state_dict({"coef": self.entropy_coef, "last_entropy": self._last_world_entropy})
 
     def _clip_grad_norm(self, model: torch.nn.Module) -> Any:
         self._steadyrl_before_step(self.optimizer)  # GAC edits the raw gradient, then TRL clips (as the learner)
@@ -311,6 +346,36 @@ def _wrap_step(trainer: GRPOTrainer, optimizer: torch.optim.Optimizer) -> None:
         return wrapped(*args, **kwargs)
 
     optimizer.step = step  # type: ignore[method-assign]
+
+
+def with_trl_entropy(spec: MethodSpec, args: Any) -> MethodSpec:
+    """``spec`` with the entropy bonus a ``GRPOConfig`` asks for (module docstring, point 5); ``spec`` itself when it
+    asks for none. Raises ``ValueError`` when both the config and the method set one."""
+    coef, adaptive = float(args.entropy_coef), bool(args.use_adaptive_entropy)
+    if coef == 0.0 and not adaptive:
+        return spec
+    own = [c.type for c in spec.controllers if c.type == "adaptive_entropy"]
+    if spec.entropy.coef != 0.0 or own:
+        raise ValueError(
+            f"GRPOConfig.entropy_coef={coef} / use_adaptive_entropy={adaptive} and method {spec.name!r}'s own entropy "
+            f"bonus (entropy.coef={spec.entropy.coef}{', adaptive_entropy' if own else ''}) both set the entropy "
+            "bonus: set it in one place"
+        )
+    fields = spec.model_dump()
+    fields["entropy"] = {**fields["entropy"], "coef": coef, "agg": "token-mean", "mask": "input"}  # TRL's reduction
+    if adaptive:
+        fields["controllers"] = [*fields["controllers"], {
+            "type": "adaptive_entropy", "target": args.entropy_target, "delta": args.entropy_coef_delta,
+            "coef_min": args.entropy_coef_min, "coef_max": args.entropy_coef_max,
+        }]  # fmt: skip
+    try:
+        return MethodSpec.model_validate(fields)
+    except ValueError as err:
+        raise ValueError(f"GRPOConfig's entropy options do not map onto method {spec.name!r}: {err}") from None
+
+
+def _adaptive_entropy(control: StepControl) -> AdaptiveEntropyController | None:
+    return next((c for c in control.controllers if isinstance(c, AdaptiveEntropyController)), None)
 
 
 def sharding_reason(trainer: Any) -> str | None:
@@ -382,4 +447,5 @@ __all__ = [
     "GRPOTrainer",
     "group_filled_rewards",
     "supported",
+    "with_trl_entropy",
 ]

@@ -26,6 +26,9 @@ KEY_DOCS: dict[str, str] = {
     "grad_sq_norms": "[B] per-trajectory squared gradient norms ‖∇θ log π(y_i)‖² (OPOB)",
     "sum_p2": "[B,T] Σ_v π_v² of the proximal distribution at each token (OTB)",
     "centering": "[B,T] Σ_v sg(μ_v·w_v) log π_θ(v) at each token, with gradient (score centering)",
+    "entropy": "[B,T] entropy H = −Σ_v π_θ(v) log π_θ(v) of the policy at each token, with gradient (entropy bonus)",
+    "entropy_coef": "0-d tensor or float, the entropy bonus's coefficient this step (default: the method's "
+    "entropy.coef; the adaptive_entropy controller hands it over)",
 }
 
 #: Log-probs above this are not log-probabilities (rounding of a float32 log-softmax stays far below it); in a coarser
@@ -33,7 +36,7 @@ KEY_DOCS: dict[str, str] = {
 LOGP_TOLERANCE = 1e-4
 _LOGP_KEYS = ("logp", "behav_logp", "prox_logp", "ref_logp")
 _TOKEN_KEYS = ("logp", "behav_logp", "mask", "prox_logp", "versions", "behav_entropy", "ref_logp", "values", "sum_p2",
-               "centering")
+               "centering", "entropy")  # fmt: skip
 _SEQ_KEYS = ("group_ids", "grad_sq_norms")
 
 
@@ -56,6 +59,8 @@ class LossBatch:
     grad_sq_norms: Tensor | None = None
     sum_p2: Tensor | None = None
     centering: Tensor | None = None
+    entropy: Tensor | None = None
+    entropy_coef: Tensor | float | None = None
 
     @classmethod
     def from_any(cls, batch: LossBatch | Mapping[str, Any]) -> LossBatch:
@@ -99,6 +104,10 @@ class LossBatch:
                 raise ValueError(f"{key!r} must be an integer tensor; got {value.dtype}")
         if not self.logp.is_floating_point():
             raise ValueError(f"'logp' must be a floating tensor; got {self.logp.dtype}")
+        coef = self.entropy_coef
+        if isinstance(coef, Tensor) and (coef.numel() != 1 or not coef.is_floating_point()):
+            raise ValueError(f"'entropy_coef' must be a float or a one-element float tensor; got {coef.dtype} "
+                             f"{list(coef.shape)}")  # fmt: skip
 
     def check_not_empty(self) -> None:
         """Raise ``ValueError`` when the batch has no response (B = 0) or no token position (T = 0)."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from steadyrl.methods.presets import PRESETS
 from steadyrl.methods.resolve import required_inputs, resolve_method
+from steadyrl.methods.spec import AdaptiveEntropy, EntropyBonus
 
 
 def catalog_entries() -> list[dict[str, Any]]:
@@ -29,6 +30,16 @@ def catalog_entries() -> list[dict[str, Any]]:
     return out
 
 
+def common_options() -> dict[str, str]:
+    """Options every method takes beyond its preset's components (the entropy bonus, and the adaptive coefficient's
+    once composed with ``adaptive_entropy``), with their descriptions."""
+    out = {f"entropy.{name}": field.description or "" for name, field in EntropyBonus.model_fields.items()}
+    for name, field in AdaptiveEntropy.model_fields.items():
+        if name != "type":
+            out[f"adaptive_entropy.{name}"] = field.description or ""
+    return out
+
+
 def format_catalog(*, as_json: bool) -> str:
     """The catalog as JSON (a list of objects) or as an aligned text table."""
     entries = catalog_entries()
@@ -41,5 +52,8 @@ def format_catalog(*, as_json: bool) -> str:
         lines.append(f"{e['name']:<{width}}  {paper:<10}  {e['confidence']:<14}  {e['summary']}")
     lines.append("")
     lines.append("Compose with '+' (e.g. seq_tis+gac); override options with method.<field>=<value>.")
+    lines.append("Entropy bonus, on any method (adaptive coefficient: compose with adaptive_entropy):")
+    for option, doc in common_options().items():
+        lines.append(f"  method.{option:<25}  {doc}")
     lines.append("Full maths: docs/algorithms.md. JSON: steadyrl methods --json")
     return "\n".join(lines)

@@ -16,8 +16,11 @@ The pipeline, in the order it runs (docs/algorithms.md, "Two policies or three")
    sequence weights and OAPL has no importance ratio: with them, corrections act through their masks only (their
    weights are not applied). TIC-GRPO takes one weight per sequence (the masked mean of the correction weights)
    on top of its own trajectory ratio to μ.
-6. **KL in the loss** (optional), then the **diagnostics** every run logs (ESS, weights, mismatch KL, lag) measured
-   on π_prox (or π_θ detached) against μ, and the inputs of the method's controllers (``vcpo/ess_ratio``).
+6. **KL in the loss** (optional), the **entropy bonus** −c·agg(H) (optional: ``entropy.coef`` ≠ 0 or the
+   ``adaptive_entropy`` controller; H is the batch's ``entropy``, c the batch's ``entropy_coef`` when given, else
+   ``entropy.coef``), then the **diagnostics** every run logs (ESS, weights, mismatch KL, lag) measured on π_prox (or
+   π_θ detached) against μ, and the inputs of the method's controllers (``vcpo/ess_ratio``,
+   ``entropy/token_sum``).
 
 Each step dispatches through a table keyed by the spec class (``ADVANTAGES``, ``CORRECTIONS``, ``OBJECTIVES``): a new
 method is a core function, a spec class and one table entry; ``tests/methods/test_dispatch.py`` checks that every
@@ -39,6 +42,7 @@ from steadyrl.core import kl as core_kl
 from steadyrl.core import prob_diff, proximal, rejection, segments
 from steadyrl.core.advantages import brace, grpo, opob, otb, reinforce_pp, rloo, vaco, vtrace
 from steadyrl.core.diagnostics import staleness_diagnostics
+from steadyrl.core.entropy import entropy_bonus
 from steadyrl.core.ess import sequence_ess, weights_ess
 from steadyrl.core.masking import (
     AggMode,
@@ -537,6 +541,28 @@ def _kl_reduction(spec: S.MethodSpec) -> tuple[AggMode, EmptyRows]:
     return spec.agg, getattr(spec.objective, "empty_rows", "skip")  # objectives without the option skip empty rows
 
 
+def _entropy_reduction(spec: S.MethodSpec) -> tuple[AggMode, EmptyRows]:
+    """(agg, empty_rows) of the entropy bonus: its own when ``entropy.agg`` is set, else the objective's reduction
+    (verl aggregates the entropy with the actor's ``loss_agg_mode``)."""
+    if spec.entropy.agg is not None:
+        return spec.entropy.agg, spec.entropy.empty_rows
+    return spec.agg, getattr(spec.objective, "empty_rows", "skip")
+
+
+def _entropy_term(spec: S.MethodSpec, b: LossBatch, *, mask: Tensor, mask_in: Tensor) -> LossOutput:
+    """−c·agg(m H) on the kept tokens (``entropy.mask='kept'``) or on the input mask (``'input'``), its counts on the
+    input mask too under ``denominator='input'`` (as the objective's)."""
+    assert b.entropy is not None
+    agg, rows = _entropy_reduction(spec)
+    on = mask_in if spec.entropy.mask == "input" else mask
+    coef = spec.entropy.coef if b.entropy_coef is None else b.entropy_coef
+    norm_len = None if spec.norm_len is None else float(spec.norm_len)
+    return entropy_bonus(
+        entropy=b.entropy, mask=on, coef=coef, agg=agg, norm_len=norm_len, empty_rows=rows,
+        count_mask=mask_in if spec.denominator == "input" else None,
+    )  # fmt: skip
+
+
 def _rename_is(metrics: Metrics, prefix: str) -> Metrics:
     """Correction metrics under ``is/`` move to ``<prefix>/`` (the ``is/`` namespace belongs to the diagnostics)."""
     return {(f"{prefix}/{k[3:]}" if k.startswith("is/") else k): v for k, v in metrics.items()}
@@ -588,7 +614,9 @@ def compute_loss(
     :func:`steadyrl.methods.resolve_method`. ``batch``: a mapping or :class:`LossBatch` with ``logp`` [B,T]
     (with gradient), ``behav_logp`` [B,T], ``mask`` [B,T] and what the method needs (``rewards`` and ``group_ids``
     for group advantages, ``grad_sq_norms`` for OPOB, ...): a missing tensor is a ``ValueError`` naming it.
-    Step-level controllers (ESS step size, GAC) are not applied here; see :mod:`steadyrl.control`.
+    Step-level controllers (ESS step size, GAC) are not applied here; see :mod:`steadyrl.control`. An entropy bonus
+    (``entropy.coef`` ≠ 0 or the ``adaptive_entropy`` controller) reads ``entropy`` [B,T] (with gradient) and the
+    coefficient ``entropy_coef`` when the batch carries it (the controller's ``loss_inputs``), else ``entropy.coef``.
     ``validate=True`` (the default) also checks the values: NaN or ±inf in any float input (``[B, T]`` ones where
     ``mask`` is true) and log-probs above ``LOGP_TOLERANCE`` are a ``ValueError`` naming the key; it reads one flag
     vector back to the host, so a trainer that already trusts its tensors passes ``validate=False`` (steadyrl's
@@ -599,7 +627,8 @@ def compute_loss(
     spec = resolve_method(method, overrides) if isinstance(method, str) or overrides else method
     assert isinstance(spec, S.MethodSpec)
     b = LossBatch.from_any(batch)
-    b.require(required_inputs(spec), spec.name)
+    needs = required_inputs(spec)
+    b.require(needs, spec.name)
     b.check_not_empty()
     if validate:
         b.check_values()
@@ -654,6 +683,10 @@ def compute_loss(
         loss = loss + spec.kl.beta * kl_term
         metrics.update(ref.metrics)
         metrics["loss/kl"] = kl_term.detach()
+    if "entropy" in needs:  # entropy.coef ≠ 0, or the adaptive_entropy controller
+        bonus = _entropy_term(spec, b, mask=mask, mask_in=mask0)
+        loss = loss + bonus.loss
+        metrics.update({k: v for k, v in bonus.metrics.items() if k != "loss/all_masked"})
 
     metrics.update(
         staleness_diagnostics(

@@ -225,6 +225,16 @@ PRESETS: tuple[Preset, ...] = (
         corrects="none",
     ),
     Preset(
+        "adaptive_entropy",
+        "Adaptive entropy bonus: c moves by ±0.005 per step to hold the token-mean entropy at 0.2 nats, applied while "
+        "the last step's entropy was at or below it; starts at entropy.coef (compose: grpo+adaptive_entropy)",
+        "2505.22312",
+        "exact",
+        {"controllers": [{"type": "adaptive_entropy"}]},
+        source="Skywork-OR1 §3.2; TRL 1.16.0 GRPOTrainer use_adaptive_entropy (parity-tested)",
+        corrects="none",
+    ),
+    Preset(
         "oapl",
         "OAPL: squared regression of β2·log(π_θ/μ) onto R − V̂*, no importance ratio; use it with the periodic "
         "schedule (runtime.lag.schedule=periodic runtime.lag.refresh_every=50 runtime.lag.k=0: "

@@ -15,6 +15,8 @@ from steadyrl.methods.spec import MethodSpec
 
 _LIST_FIELDS = ("corrections", "controllers")
 _COMPONENT_FIELDS = ("advantage", "objective", "kl")
+#: Components with sub-fields and no ``type`` (``entropy.coef=0.001``).
+_PLAIN_COMPONENTS = ("entropy",)
 
 
 def _suggest(word: str, options: list[str]) -> str:
@@ -53,6 +55,8 @@ def _apply_override(fields: dict[str, Any], key: str, value: Any) -> None:
                 comp.setdefault("type", MethodSpec.model_fields[head].get_default(call_default_factory=True).type)
                 comp[rest] = value
             fields[head] = comp
+        elif head in _PLAIN_COMPONENTS and rest:
+            fields[head] = {**dict(fields.get(head) or {}), rest: value}
         elif rest:
             raise ValueError(f"method option {key!r}: {head!r} has no sub-fields")
         else:
@@ -85,8 +89,9 @@ def resolve_method(spec: str | MethodSpec, overrides: Mapping[str, Any] | None =
     """Build a validated method from a preset name or ``a+b`` composition plus dotted overrides.
 
     Overrides address top-level fields (``agg``, ``policy``), single components (``objective.clip_high``,
-    ``advantage.scale``, ``objective.type``) or a correction/controller by its type (``seq_tis.cap``,
-    ``ess_lr.rho_base``). Raises ``ValueError`` naming the offending name or field and what is allowed.
+    ``advantage.scale``, ``objective.type``, ``entropy.coef``) or a correction/controller by its type
+    (``seq_tis.cap``, ``ess_lr.rho_base``, ``adaptive_entropy.target``). Raises ``ValueError`` naming the offending
+    name or field and what is allowed.
     """
     if isinstance(spec, MethodSpec):
         if not overrides:
@@ -127,8 +132,9 @@ def reads_behavior(method: MethodSpec, *, controllers: bool = True) -> bool:
 
 def required_inputs(method: MethodSpec) -> tuple[str, ...]:
     """Batch keys the loss of ``method`` needs beyond ``logp``, ``behav_logp`` and ``mask``: what each of its
-    components declares (``needs()`` of its spec class), in pipeline order, without repeats."""
-    parts = [method.advantage, *method.corrections, method.objective, method.kl]
+    components declares (``needs()`` of its spec class; the entropy bonus and the adaptive entropy controller need
+    ``entropy``), in pipeline order, without repeats."""
+    parts = [method.advantage, *method.corrections, method.objective, method.kl, method.entropy, *method.controllers]
     keys = [key for part in parts for key in part.needs()]
     if method.prox_approx == "loglinear":  # A-3PO: α from the token versions and the learner's
         keys += ["versions", "learner_version"]

@@ -770,6 +770,40 @@ class KLInLoss(_Strict):
 KLSpec = Annotated[NoKL | KLInReward | KLInLoss, Field(discriminator="type")]
 
 
+# ------------------------------------------------------------------------------------------------------ entropy
+class EntropyBonus(_Strict):
+    """Entropy bonus −c·agg(H(π_θ(·|s_t))) added to any method's loss (verl ``actor.entropy_coeff``, TRL
+    ``GRPOConfig.entropy_coef``); the adaptive coefficient of Skywork-OR1 (arXiv 2505.22312) is the controller
+    ``adaptive_entropy``, which starts from ``coef``.
+
+    H is the full-vocabulary entropy of the policy at each trained token (batch key ``entropy``; the learner computes
+    it chunk by chunk in the forward of log π_θ, at its temperature). Off by default (``coef=0``).
+    """
+
+    coef: float = Field(
+        0.0,
+        allow_inf_nan=False,
+        description="c of L − c·agg(H) (verl actor.entropy_coeff, TRL entropy_coef: both 0 by default); with "
+        "adaptive_entropy, the initial c; 0: off; negative: an entropy penalty",
+    )
+    agg: AggMode | None = Field(
+        None,
+        description="reduce H with this mode instead of the method's agg and the objective's empty_rows (None: verl, "
+        "which aggregates the entropy with the actor's loss_agg_mode; 'token-mean': TRL, whose bonus is a token mean "
+        "whatever its loss_type)",
+    )
+    empty_rows: Literal["skip", "count"] = Field("skip", description="with agg set: as the objectives' empty_rows")
+    mask: Literal["kept", "input"] = Field(
+        "kept",
+        description="tokens H is averaged over: those the objective trains on, after the corrections' rejections "
+        "(kept: verl, whose rollout rejection edits response_mask) or every trained token of the input mask (input: "
+        "TRL, whose importance-sampling masks leave its entropy bonus alone)",
+    )
+
+    def needs(self) -> tuple[str, ...]:
+        return ("entropy",) if self.coef != 0 else ()
+
+
 # -------------------------------------------------------------------------------------------------- controllers
 class EssStepSize(_Strict):
     """VCPO ESS-scaled step size (arXiv 2602.17616): lr_t = lr · f(min(1, ρ_ess/ρ_base))."""
@@ -792,7 +826,37 @@ class GAC(_Strict):
     prev: Literal["raw", "applied"] = Field("raw", description="compare with the previous raw or applied gradient")
 
 
-ControllerSpec = Annotated[EssStepSize | GAC, Field(discriminator="type")]
+class AdaptiveEntropy(_Strict):
+    """Adaptive entropy coefficient (Skywork-OR1, arXiv 2505.22312, §3.2; TRL ``use_adaptive_entropy``): after each
+    optimizer step c ← min(c + δ, c_max) if the step's token-mean entropy Ĥ ≤ target, else max(c − δ, c_min); the
+    bonus applies c only while the previous step's Ĥ was ≤ target (0 at the first step). c starts at
+    ``entropy.coef``; the bonus's aggregation and mask are ``entropy``'s."""
+
+    type: Literal["adaptive_entropy"] = "adaptive_entropy"
+    NEEDS: ClassVar[tuple[str, ...]] = ("entropy",)
+    target: float = Field(
+        0.2,
+        ge=0,
+        allow_inf_nan=False,
+        description="H_target, in nats (TRL entropy_target: 0.2; set it near the entropy observed early in training)",
+    )
+    delta: float = Field(
+        0.005,
+        ge=0,
+        allow_inf_nan=False,
+        description="δ, the step of c per optimizer step (TRL entropy_coef_delta: 0.005)",
+    )
+    coef_min: float = Field(0.0, ge=0, allow_inf_nan=False, description="c_min (TRL entropy_coef_min: 0)")
+    coef_max: float = Field(1.0, ge=0, allow_inf_nan=False, description="c_max (TRL entropy_coef_max: 1)")
+
+    @model_validator(mode="after")
+    def _bounds_are_ordered(self) -> AdaptiveEntropy:
+        if self.coef_min > self.coef_max:
+            raise ValueError(f"adaptive_entropy: coef_min={self.coef_min} must not exceed coef_max={self.coef_max}")
+        return self
+
+
+ControllerSpec = Annotated[EssStepSize | GAC | AdaptiveEntropy, Field(discriminator="type")]
 
 
 # ------------------------------------------------------------------------------------------------------ method
@@ -817,6 +881,9 @@ class MethodSpec(_Strict):
     )
     kl: KLSpec = Field(default_factory=NoKL, description="reference-model KL term")
     controllers: tuple[ControllerSpec, ...] = Field(default=(), description="step-level controllers")
+    entropy: EntropyBonus = Field(
+        default_factory=EntropyBonus, description="entropy bonus −c·agg(H) on any objective (off: coef=0)"
+    )
     recompute_prox: bool = Field(
         False, description="the learner recomputes π_prox before the first update (AReaL decoupled PPO)"
     )
@@ -866,6 +933,13 @@ class MethodSpec(_Strict):
             )
         if self.bypass_ratio != "one" and self.policy != "bypass":
             raise ValueError(f"bypass_ratio={self.bypass_ratio!r} applies to policy='bypass' only")
+        return self
+
+    @model_validator(mode="after")
+    def _one_entropy_controller(self) -> MethodSpec:
+        """Two adaptive entropy controllers would each move the one coefficient of the bonus."""
+        if sum(c.type == "adaptive_entropy" for c in self.controllers) > 1:
+            raise ValueError("the method lists adaptive_entropy twice: the bonus has one coefficient")
         return self
 
     @model_validator(mode="after")

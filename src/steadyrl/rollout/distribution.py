@@ -28,6 +28,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from steadyrl.core.entropy import token_entropy
+
 #: top_p at or above this keeps every token (no sort needed).
 TOP_P_OFF: float = 1.0
 #: top_k equal to this keeps every token.
@@ -75,7 +77,6 @@ def sampling_log_probs(logits: Float[Tensor, "... V"], *, params: SamplingParams
 
 
 def entropy_from_log_probs(log_probs: Float[Tensor, "... V"]) -> Float[Tensor, "..."]:
-    """H = −Σ_v μ(v) log μ(v) over the kept tokens (tokens at −inf contribute 0, not NaN)."""
-    kept = torch.isfinite(log_probs)
-    safe = torch.where(kept, log_probs, torch.zeros_like(log_probs))  # no 0·(−inf) in the value or the gradient
-    return -torch.where(kept, safe.exp() * safe, torch.zeros_like(safe)).sum(dim=-1)
+    """H = −Σ_v μ(v) log μ(v) over the kept tokens (tokens at −inf contribute 0, not NaN): the entropy of
+    :func:`steadyrl.core.entropy.token_entropy`, the one the learner's entropy bonus differentiates."""
+    return token_entropy(log_probs)

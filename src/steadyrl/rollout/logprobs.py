@@ -54,6 +54,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from steadyrl.base.device import Float32OutputLinear
 from steadyrl.core.advantages.otb import sum_squared_probs
+from steadyrl.core.entropy import entropy_term
 from steadyrl.core.vocab_chunks import DEFAULT_CHUNK_ELEMENTS, VocabTerm, chunk_tokens_for, chunked_log_probs
 from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
 from steadyrl.rollout.rollouts import TokenBatchLike, attention_mask
@@ -85,10 +86,12 @@ class SequenceLogprobsHidden(NamedTuple):
 
 
 class SequenceLogprobTerms(NamedTuple):
-    """``logp`` ``[N, T]`` and each named full-vocabulary term ``[N, T]`` (0 at padding; gradient flows)."""
+    """``logp`` ``[N, T]`` and each named full-vocabulary term ``[N, T]`` (0 at padding; gradient flows); with
+    ``return_hidden``, the final hidden states ``[N, T, H]`` of the same forward (else None)."""
 
     logp: Float[Tensor, "N T"]
     terms: dict[str, Float[Tensor, "N T"]]
+    hidden: Float[Tensor, "N T H"] | None = None
 
 
 @overload
@@ -169,6 +172,7 @@ def sequence_logprob_terms(
     top_p: float = 1.0,
     share_prompts: bool = False,
     chunk_elements: int | None = None,
+    return_hidden: bool = False,
 ) -> SequenceLogprobTerms:
     """log π(y_t) and named full-vocabulary terms of the same distribution at every response token, with gradient.
 
@@ -179,24 +183,28 @@ def sequence_logprob_terms(
     bonus, score centering's Σ_v c_v log π_v). A term must act token by token and deterministically; tensors it
     closes over are constants. Chunked or direct as :func:`sequence_logprobs` (module docstring); the direct form
     passes every position (padding included, then zeroed), the chunked one only the scored tokens.
+    ``return_hidden``: also the final hidden states, as :func:`sequence_logprobs` (a critic reads them; the prompts
+    are then not shared).
     """
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     N, T = batch.response_ids.shape
     if T == 0:
         empty = torch.zeros(N, 0, device=batch.response_ids.device)
-        return SequenceLogprobTerms(empty, {name: empty.clone() for name in terms})
-    scored = _score(model, batch, params=params, terms=dict(terms), return_hidden=False, share_prompts=share_prompts,
-                    chunk_elements=chunk_elements)  # fmt: skip
-    return SequenceLogprobTerms(scored.logp, scored.terms)
+        hidden0 = None
+        if return_hidden:
+            hidden0 = torch.zeros(N, 0, model.config.hidden_size, device=empty.device, dtype=model.dtype)
+        return SequenceLogprobTerms(empty, {name: empty.clone() for name in terms}, hidden0)
+    scored = _score(model, batch, params=params, terms=dict(terms), return_hidden=return_hidden,
+                    share_prompts=share_prompts, chunk_elements=chunk_elements)  # fmt: skip
+    return SequenceLogprobTerms(scored.logp, scored.terms, scored.hidden)
 
 
 _ENTROPY = "entropy"
 _SUM_P2 = "sum_p2"
 
 
-def _entropy_term(log_probs: Float[Tensor, "m V"], index: Tensor) -> Float[Tensor, " m"]:
-    """H = −Σ_v π_v log π_v (:func:`~steadyrl.rollout.distribution.entropy_from_log_probs`) as a vocabulary term."""
-    return entropy_from_log_probs(log_probs)
+#: H = −Σ_v π_v log π_v as a vocabulary term (:func:`steadyrl.core.entropy.entropy_term`, the entropy bonus's).
+_entropy_term: VocabTerm = entropy_term
 
 
 def _sum_p2_term(log_probs: Float[Tensor, "m V"], index: Tensor) -> Float[Tensor, " m"]:

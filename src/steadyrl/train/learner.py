@@ -32,9 +32,15 @@ runs :mod:`steadyrl.train.microbatch`'s three passes instead of step 1's one for
 batch, and the accumulated gradient is the one-pass gradient (metric ``train/microbatches``).
 
 Vocabulary terms (:mod:`steadyrl.train.vocab_terms`): a method that needs a full-vocabulary term of π_θ with gradient
-(score centering's Σ_v sg(μ_v w_v) log π_θ(v), batch key ``centering``) gets it from step 1's forward
-(:func:`~steadyrl.rollout.logprobs.sequence_logprob_terms`, chunk by chunk in the chunked head), built from the
-behavior distribution the rollouts carry; with micro-batches it is micro-batched like ``logp``.
+(score centering's Σ_v sg(μ_v w_v) log π_θ(v), batch key ``centering``; the entropy H of an entropy bonus, batch key
+``entropy``) gets it from step 1's forward (:func:`~steadyrl.rollout.logprobs.sequence_logprob_terms`, chunk by chunk
+in the chunked head, at the learner's temperature), also with a critic's hidden states; with micro-batches it is
+micro-batched like ``logp``. OPOB's fused gradient-norm pass computes none (``grad_norms='ghost'`` then).
+
+Controllers that steer the loss hand it batch inputs before each optimizer step's loss
+(:func:`~steadyrl.control.base.loss_inputs`): the adaptive entropy controller's coefficient ``entropy_coef``, a
+tensor on the model's device that its ``before_step`` updates from the step's entropy (read to the host only with
+the step's other metrics).
 
 The optimizer is AdamW, or Muon on the hidden weight matrices and AdamW on the rest (``optim.name=muon``,
 :mod:`steadyrl.train.optim`).
@@ -66,7 +72,7 @@ from torch import Tensor, nn
 from steadyrl.base.device import Placement, host_values, to_device
 from steadyrl.config.critic import CriticConfig
 from steadyrl.config.train import OptimConfig, RacConfig
-from steadyrl.control.base import SKIP_STEP, Controller, grad_parts, parts_like
+from steadyrl.control.base import SKIP_STEP, Controller, grad_parts, loss_inputs, parts_like
 from steadyrl.core.advantages.rac import rac_corrections
 from steadyrl.core.gradient_alignment import grad_cosine
 from steadyrl.core.masking import masked_mean, seq_log_ratio, where_masked
@@ -191,10 +197,11 @@ class Learner:
         self._prev_keeper = next((c for c in self.controllers if getattr(c, "keeps_raw_prev", False)), None)
         self.term_keys = tuple(k for k in self.needs if k in VOCAB_TERMS)
         """Batch keys computed as vocabulary terms in the forward of ``logp`` (:mod:`steadyrl.train.vocab_terms`)."""
-        if self.term_keys and ("grad_sq_norms" in self.needs or "values" in self.needs):
+        if self.term_keys and "grad_sq_norms" in self.needs and grad_norms in FUSED_MODES:
             raise ValueError(
-                f"method {method.name!r} needs vocabulary terms ({', '.join(self.term_keys)}) and per-trajectory "
-                "gradient norms or critic values from the same forward; combine it with neither"
+                f"method {method.name!r} needs vocabulary terms ({', '.join(self.term_keys)}) from the forward of "
+                f"logp, and OPOB's per-trajectory gradient norms from the same forward (grad_norms={grad_norms!r}), "
+                "whose fused pass computes no vocabulary term: use grad_norms='ghost' (a separate pass), or drop one"
             )
         # COPC's value head and its AdamW: only when the method's advantage needs critic values
         self.critic: Critic | None = None
@@ -386,6 +393,7 @@ class Learner:
         for key, value in extras.items():
             if value is not None and key not in (_OLD_VALUES, _OLD_LOGP):
                 batch[key] = value
+        batch |= loss_inputs(self.controllers, logp.device)  # the adaptive entropy coefficient of this step
         if "behav_entropy" in self.needs:
             if sub.behav_entropy is None:
                 raise ValueError(f"method {self.method.name!r} needs behav_entropy: sample with record_entropy=True")
@@ -398,11 +406,15 @@ class Learner:
         """(logp for the loss, per-trajectory squared gradient norms if the method needs them, the fused pass, the
         method's vocabulary terms from the same forward)."""
         if self.term_keys:
+            norms = None
+            if "grad_sq_norms" in self.needs:  # a separate pass (the fused one computes no vocabulary term)
+                norms = per_trajectory_grad_sq_norms(self.model, sub, method=self.grad_norms,  # type: ignore[arg-type]
+                                                     temperature=self.temperature)  # fmt: skip
             terms = vocab_terms(self.method, self.term_keys, sub)
             out = sequence_logprob_terms(
                 self.model, sub, terms=terms, temperature=self.temperature, share_prompts=self.optim_cfg.share_prompts
             )
-            return out.logp, None, None, out.terms
+            return out.logp, norms, None, out.terms
         logp, norms, ghost = self._plain_forward(sub)
         return logp, norms, ghost, {}
 
@@ -485,10 +497,10 @@ class Learner:
         with self._forward_context(grad=True):
             if self.critic is None:
                 logp, norms, ghost, terms = self._forward(sub)
-                extras = {**extras, **terms}
-            else:  # COPC: logp and the final hidden states from one forward (no OPOB norms: one advantage)
-                logp, _, hidden = sequence_logprobs(self.model, sub, temperature=self.temperature, return_hidden=True)
+            else:  # COPC: logp, the final hidden states and any vocabulary term from one forward (no OPOB norms)
+                logp, hidden, terms = self._micro_forward(sub, return_hidden=True)
                 norms, ghost = None, None
+            extras = {**extras, **terms}
         host: dict[str, float] = {}
         try:
             loss, loss_metrics, metrics = self._loss(sub, rewards, extras, logp, norms, hidden)
@@ -506,8 +518,9 @@ class Learner:
         share = self.optim_cfg.share_prompts
         if self.term_keys:
             terms = vocab_terms(self.method, self.term_keys, mb)
-            out = sequence_logprob_terms(self.model, mb, terms=terms, temperature=self.temperature, share_prompts=share)
-            return out.logp, None, out.terms
+            out = sequence_logprob_terms(self.model, mb, terms=terms, temperature=self.temperature, share_prompts=share,
+                                         return_hidden=return_hidden)  # fmt: skip
+            return out.logp, out.hidden, out.terms
         scored = sequence_logprobs(self.model, mb, temperature=self.temperature, return_hidden=return_hidden,
                                    share_prompts=share)  # fmt: skip
         return scored.logp, scored.hidden if return_hidden else None, {}

@@ -7,13 +7,17 @@ the term from the method and the batch's rollouts, and computes it in the same f
 full-vocabulary pass), then hands it to the loss under that key.
 
 - ``centering``: score centering's Σ_v sg(μ_v w_v) log π_θ(v) (arXiv 2609.20807, Eq. 14) from the behavior
-  distribution the sampler recorded (:func:`steadyrl.core.objectives.score_centering.centering_term`).
+  distribution the sampler recorded (:func:`steadyrl.core.objectives.score_centering.centering_term`);
+- ``entropy``: the policy's entropy H = −Σ_v π_θ(v) log π_θ(v) of the entropy bonus (``entropy.coef``, the
+  ``adaptive_entropy`` controller; :func:`steadyrl.core.entropy.entropy_term`), of the distribution the log-probs
+  are scored under (the learner's temperature).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from steadyrl.core.entropy import entropy_term
 from steadyrl.core.objectives.score_centering import centering_term
 from steadyrl.core.vocab_chunks import VocabTerm
 from steadyrl.methods.spec import MethodSpec, ScoreCentering
@@ -46,8 +50,12 @@ def _centering(method: MethodSpec, rollouts: Rollouts) -> VocabTerm:
     return centering_term(behav_logp=dist.reshape(N * T, K), head_ids=flat_ids, weight=obj.weight)
 
 
+def _entropy(method: MethodSpec, rollouts: Rollouts) -> VocabTerm:
+    return entropy_term  # a function of the log-probs alone: the same term for every batch
+
+
 #: Batch key → builder of its vocabulary term.
-VOCAB_TERMS: dict[str, TermBuilder] = {"centering": _centering}
+VOCAB_TERMS: dict[str, TermBuilder] = {"centering": _centering, "entropy": _entropy}
 
 
 def vocab_terms(method: MethodSpec, needs: Iterable[str], rollouts: Rollouts) -> dict[str, VocabTerm]:
