@@ -9,10 +9,14 @@ import sys
 def _methods(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="steadyrl methods", description="List every method steadyrl implements.")
     parser.add_argument("--json", action="store_true", help="print a JSON list (name, summary, paper, confidence...)")
+    parser.add_argument(
+        "--frameworks", action="store_true",
+        help="list the framework-qualified names (verl:vanilla, trl:dapo, ...): options and parity tests",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    from steadyrl.methods.catalog import format_catalog
+    from steadyrl.methods.catalog import format_catalog, format_frameworks
 
-    print(format_catalog(as_json=args.json))
+    print(format_frameworks(as_json=args.json) if args.frameworks else format_catalog(as_json=args.json))
     return 0
 
 

@@ -1,5 +1,6 @@
 """``steadyrl check losses``: a stand-in loss with the documented normaliser passes, the same loss with its normaliser
-changed fails on value, gradient and per-sequence scale; an installed framework's own loss passes."""
+changed fails on value, gradient and per-sequence scale; an installed framework's own losses (the rows of the
+framework-qualified name table) pass."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from steadyrl.check.losses import CLIP, LossBatch, LossCase, check_losses, compare
+from steadyrl.check.losses import LossBatch, LossCase, check_losses, compare
+from steadyrl.methods.frameworks import FRAMEWORK_LOSSES
+
+CLIP = (0.2, 0.28)
+CLIP_OPTIONS = {"objective.clip_low": CLIP[0], "objective.clip_high": CLIP[1]}
 
 
 def ppo_terms(batch: LossBatch, logp: Tensor) -> Tensor:
@@ -32,7 +37,7 @@ def padded_length_normaliser(batch: LossBatch, logp: Tensor) -> Tensor:
     return per_row[rows].mean()
 
 
-CLAIM = {"agg": "seq-mean-token-mean"}
+CLAIM = {"agg": "seq-mean-token-mean", **CLIP_OPTIONS}
 
 
 def test_stand_in_with_the_documented_normaliser_passes() -> None:
@@ -50,14 +55,16 @@ def test_a_changed_normaliser_is_caught_by_the_per_sequence_scale() -> None:
 
 
 def test_token_mean_claimed_for_a_sequence_mean_is_caught() -> None:
-    f = compare(LossCase("stand-in", "test", seq_mean_token_mean, {"agg": "token-mean"}))
+    f = compare(LossCase("stand-in", "test", seq_mean_token_mean, {"agg": "token-mean", **CLIP_OPTIONS}))
     assert f.verdict == "FAIL"
 
 
 def test_installed_verl_loss_passes() -> None:
     pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl==0.9.1 (requirements/integrations)")
     findings = check_losses(["verl"])
-    assert len(findings) == 4 and all(f.verdict == "PASS" for f in findings), [f.format() for f in findings]
+    rows = [row for row in FRAMEWORK_LOSSES if row.framework == "verl"]
+    assert len(findings) == sum(1 + len(row.reductions) for row in rows)
+    assert all(f.verdict == "PASS" for f in findings), [f.format() for f in findings]
 
 
 def test_unknown_framework_is_named() -> None:

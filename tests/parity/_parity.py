@@ -1,4 +1,5 @@
-"""Shared pieces of the parity tests: random stale batches, framework loaders, and a stand-in for TRL's trainer.
+"""Shared pieces of the parity tests: random stale batches, and the framework loaders and TRL trainer stand-in of
+``steadyrl.check.losses``.
 
 Each parity test calls a framework's own function and ``steadyrl.compute_loss`` (or the ``core`` function the spec
 dispatches to) on the same batch. The frameworks multiply by the mask (``x * mask``), which lets NaN at padding leak,
@@ -8,20 +9,17 @@ then also show that steadyrl ignores padding. Float64 throughout unless a framew
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-import types
-from collections import defaultdict
 from typing import Any, NamedTuple
 
 import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from steadyrl.check.losses import OneProcessAccelerator as _OneProcess
-from steadyrl.check.losses import TrainerStandIn as _Trainer
-from steadyrl.check.losses import openrlhf_module  # noqa: F401  (imported by the OpenRLHF parity tests)
+# The framework loaders and TRL's trainer stand-in live with ``steadyrl check losses``, which calls the same functions;
+# re-exported here for the parity tests.
+from steadyrl.check.losses import OneProcessAccelerator as _OneProcess  # noqa: F401
+from steadyrl.check.losses import TrainerStandIn as _Trainer  # noqa: F401
+from steadyrl.check.losses import openrlhf_module, skyrl_ppo_utils, trl_loss  # noqa: F401
 
 DT = torch.float64
 NAN, INF = float("nan"), float("inf")
@@ -96,50 +94,3 @@ def batch(case: Case, logp: Tensor, advantages: Tensor, **extra: Tensor) -> dict
     out = {"logp": logp, "behav_logp": case.ours(case.prox), "prox_logp": case.ours(case.prox), "mask": case.mask,
            "advantages": case.ours(advantages) if advantages.dim() == 2 else advantages}  # fmt: skip
     return out | extra
-
-
-# ---------------------------------------------------------------------------------------------------- loaders
-def skyrl_ppo_utils() -> types.ModuleType:
-    """SkyRL 0.3.0's ``ppo_utils`` (``skyrl.backends`` registered bare on Python < 3.12, as tests/integrations do)."""
-    if sys.version_info < (3, 12) and "skyrl.backends" not in sys.modules:
-        spec = importlib.util.find_spec("skyrl")
-        assert spec is not None and spec.submodule_search_locations
-        pkg = types.ModuleType("skyrl.backends")
-        pkg.__path__ = [spec.submodule_search_locations[0] + "/backends"]
-        sys.modules["skyrl.backends"] = pkg
-    return importlib.import_module("skyrl.backends.skyrl_train.utils.ppo_utils")
-
-
-# -------------------------------------------------------------------------------------------------------- TRL
-def trl_loss(
-    logp: Tensor, inputs: dict[str, Tensor], *, training: bool = True, **config: Any
-) -> tuple[Tensor, dict[str, list[float]]]:
-    """TRL 1.16.0's ``GRPOTrainer._compute_loss``, run unbound on a stand-in ``self``.
-
-    The stand-in holds the attributes ``GRPOTrainer.__init__`` derives from a real ``GRPOConfig(**config)`` (the same
-    assignments: ε_low = ``epsilon``, ε_high = ``epsilon_high`` or ``epsilon``, ...), a one-process accelerator, and a
-    ``_get_per_token_logps_and_entropies`` that returns ``logp`` (the tensor TRL's forward would produce); any other
-    attribute resolves to ``GRPOTrainer``'s own: everything from the log-probs on is TRL's own code. Returns the loss
-    and TRL's logged metrics (``train`` mode unless ``training=False``).
-    """
-    from trl import GRPOConfig, GRPOTrainer
-
-    args = GRPOConfig(output_dir="unused", use_cpu=True, report_to=[], bf16=False, **config)
-    B, T = logp.shape
-    mode = "train" if training else "eval"
-    self = _Trainer(
-        args=args, accelerator=_OneProcess(), model=types.SimpleNamespace(training=training),
-        _metrics={mode: defaultdict(list)},
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logp, torch.zeros_like(logp.detach()), None),
-        loss_type=args.loss_type, importance_sampling_level=args.importance_sampling_level,
-        epsilon_low=args.epsilon, epsilon_high=args.epsilon_high if args.epsilon_high is not None else args.epsilon,
-        beta=args.beta, top_entropy_quantile=args.top_entropy_quantile,
-        off_policy_mask_threshold=args.off_policy_mask_threshold, use_vllm=args.use_vllm,
-        vllm_importance_sampling_correction=args.vllm_importance_sampling_correction,
-        max_completion_length=args.max_completion_length, current_gradient_accumulation_steps=1,
-        _entropy_bonus_enabled=False, aux_loss_enabled=False,
-    )  # fmt: skip
-    ids = torch.ones(B, T, dtype=torch.long)
-    full = {"prompt_ids": ids[:, :1], "prompt_mask": ids[:, :1], "completion_ids": ids} | inputs
-    loss = GRPOTrainer._compute_loss(self, None, full)
-    return loss, dict(self._metrics[mode])

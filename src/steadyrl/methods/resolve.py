@@ -1,5 +1,6 @@
-"""Turn a method name (``"seq_tis"``), a composition (``"seq_tis+gac"``) and ``key=value`` overrides into a validated
-:class:`~steadyrl.methods.spec.MethodSpec`, with errors that name the field and the allowed values."""
+"""Turn a method name (``"seq_tis"``), a framework-qualified name (``"verl:vanilla"``), a composition
+(``"seq_tis+gac"``) and ``key=value`` overrides into a validated :class:`~steadyrl.methods.spec.MethodSpec`, with errors
+that name the field and the allowed values."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from steadyrl.methods.frameworks import FRAMEWORK_LOSSES, FRAMEWORKS, FrameworkLoss
 from steadyrl.methods.presets import PRESETS_BY_NAME
 from steadyrl.methods.spec import MethodSpec
 
@@ -24,23 +26,89 @@ def _suggest(word: str, options: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _merge(names: list[str]) -> dict[str, Any]:
+def framework_loss(name: str) -> FrameworkLoss | None:
+    """The :class:`~steadyrl.methods.frameworks.FrameworkLoss` row of a ``framework:loss`` name (None for a name
+    without ``:``); an unknown framework or loss raises ``ValueError`` naming the allowed ones."""
+    framework, sep, loss = name.partition(":")
+    if not sep:
+        return None
+    if framework not in FRAMEWORKS:
+        raise ValueError(
+            f"unknown framework {framework!r} in method {name!r}{_suggest(framework, list(FRAMEWORKS))}; "
+            f"frameworks with qualified names: {', '.join(FRAMEWORKS)} (e.g. verl:vanilla)"
+        )
+    rows = {row.name: row for row in FRAMEWORK_LOSSES if row.framework == framework}
+    if loss not in rows:
+        raise ValueError(
+            f"unknown {framework} loss {loss!r} in method {name!r}{_suggest(loss, list(rows))}; "
+            f"{framework} losses steadyrl reproduces: {', '.join(f'{framework}:{n}' for n in rows)}"
+        )
+    return rows[loss]
+
+
+def part_presets(name: str) -> list[str]:
+    """The catalog preset behind each part of a method name (a qualified part: the preset its row builds on); parts
+    that are neither are left out."""
+    out = []
+    for part in (p.strip() for p in name.split("+")):
+        try:
+            row = framework_loss(part)
+        except ValueError:
+            continue
+        if row is not None or part in PRESETS_BY_NAME:
+            out.append(row.preset if row is not None else part)
+    return out
+
+
+def _part_fields(part: str) -> dict[str, Any]:
+    """The spec fields one part of a composition sets: a preset's, or a qualified name's (its preset's, with the
+    row's options applied)."""
+    row = framework_loss(part)
+    if row is None:
+        if part not in PRESETS_BY_NAME:
+            raise ValueError(
+                f"unknown method {part!r}{_suggest(part, list(PRESETS_BY_NAME))}; "
+                f"known methods: {', '.join(PRESETS_BY_NAME)} (compose with '+', e.g. seq_tis+gac; "
+                "a framework's loss by name: verl:vanilla, trl:dapo, ...; steadyrl methods --frameworks)"
+            )
+        return copy.deepcopy(PRESETS_BY_NAME[part].fields)
+    fields = copy.deepcopy(PRESETS_BY_NAME[row.preset].fields)
+    for key, value in row.options.items():
+        _apply_override(fields, key, value)
+    return fields
+
+
+def _merge(parts: list[str]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
-    for name in names:
-        for key, value in PRESETS_BY_NAME[name].fields.items():
+    for name in parts:
+        for key, value in _part_fields(name).items():
             if key in _LIST_FIELDS:
                 merged.setdefault(key, [])
-                merged[key] = merged[key] + copy.deepcopy(list(value))
+                merged[key] = merged[key] + list(value)
             elif key in merged and merged[key] != value:
                 raise ValueError(
                     f"cannot compose {origin[key]!r} with {name!r}: both set {key!r} "
                     f"({merged[key]!r} vs {value!r}); override it explicitly instead"
                 )
             else:
-                merged[key] = copy.deepcopy(value)
+                merged[key] = value
                 origin[key] = name
     return merged
+
+
+def _reduction_options(parts: list[str], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """With ``agg`` overridden on a qualified name: the options that reproduce the framework's matching aggregation
+    setting (its row's ``reductions``), less those the overrides set themselves."""
+    if "agg" not in overrides:
+        return {}
+    out: dict[str, Any] = {}
+    for part in parts:
+        row = framework_loss(part)
+        reduction = row.reductions.get(overrides["agg"]) if row is not None else None
+        if reduction is not None:
+            out |= {k: v for k, v in reduction.options.items() if k not in overrides}
+    return out
 
 
 def _apply_override(fields: dict[str, Any], key: str, value: Any) -> None:
@@ -86,31 +154,31 @@ def _format_validation(spec_name: str, err: ValidationError) -> str:
 
 
 def resolve_method(spec: str | MethodSpec, overrides: Mapping[str, Any] | None = None) -> MethodSpec:
-    """Build a validated method from a preset name or ``a+b`` composition plus dotted overrides.
+    """Build a validated method from a preset name, a framework-qualified name or an ``a+b`` composition of them,
+    plus dotted overrides.
 
-    Overrides address top-level fields (``agg``, ``policy``), single components (``objective.clip_high``,
-    ``advantage.scale``, ``objective.type``, ``entropy.coef``) or a correction/controller by its type
-    (``seq_tis.cap``, ``ess_lr.rho_base``, ``adaptive_entropy.target``). Raises ``ValueError`` naming the offending
-    name or field and what is allowed.
+    A framework-qualified name (``verl:vanilla``, ``trl:dapo``, ...; the table in
+    :mod:`steadyrl.methods.frameworks`) is its row's preset with the options that reproduce that framework's loss; an
+    ``agg`` override on it also applies the options of the framework's matching aggregation setting (the row's
+    ``reductions``) that the overrides do not set. Overrides address top-level fields (``agg``, ``policy``), single
+    components (``objective.clip_high``, ``advantage.scale``, ``objective.type``, ``entropy.coef``) or a
+    correction/controller by its type (``seq_tis.cap``, ``ess_lr.rho_base``, ``adaptive_entropy.target``). Raises
+    ``ValueError`` naming the offending name or field and what is allowed.
     """
     if isinstance(spec, MethodSpec):
         if not overrides:
             return spec
         fields = spec.model_dump(exclude={"name"})
         name = spec.name
+        parts: list[str] = []
     else:
         name = spec.strip()
         parts = [p.strip() for p in name.split("+")]
-        for part in parts:
-            if part not in PRESETS_BY_NAME:
-                raise ValueError(
-                    f"unknown method {part!r}{_suggest(part, list(PRESETS_BY_NAME))}; "
-                    f"known methods: {', '.join(PRESETS_BY_NAME)} (compose with '+', e.g. seq_tis+gac)"
-                )
         if len(set(parts)) != len(parts):
             raise ValueError(f"method {name!r} lists a preset twice")
         fields = _merge(parts)
-    for key, value in (overrides or {}).items():
+    overrides = dict(overrides or {})
+    for key, value in {**_reduction_options(parts, overrides), **overrides}.items():
         _apply_override(fields, key, value)
     try:
         return MethodSpec.model_validate({"name": name, **fields})

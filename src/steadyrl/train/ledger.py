@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from steadyrl.methods.presets import PRESETS_BY_NAME
+from steadyrl.methods.resolve import part_presets
 from steadyrl.methods.spec import MethodSpec
 
 #: k3 KL(μ ‖ π_old) above which an idle ratio is a failure, nat/token (arXiv 2610.02911, check 1).
@@ -111,9 +112,9 @@ class BatchLedger:
 
 def corrects_behavior(method: MethodSpec) -> bool:
     """Whether ``method`` corrects against the behavior policy μ in its loss: a catalog preset of the composition
-    that says so (``corrects="loss"``), any correction in the spec, or ``policy=bypass`` (the ratio is taken to μ)."""
-    names = [n for n in method.name.split("+") if n in PRESETS_BY_NAME]
-    by_catalog = any(PRESETS_BY_NAME[n].corrects == "loss" for n in names)
+    (a framework-qualified part: the preset it builds on) that says so (``corrects="loss"``), any correction in the
+    spec, or ``policy=bypass`` (the ratio is taken to μ)."""
+    by_catalog = any(PRESETS_BY_NAME[n].corrects == "loss" for n in part_presets(method.name))
     return by_catalog or bool(method.corrections) or method.policy == "bypass"
 
 
