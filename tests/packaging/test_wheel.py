@@ -117,7 +117,7 @@ def test_the_wheel_adds_only_the_core_and_runs_there(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()  # outside the repo: `import steadyrl` must find the installed wheel, not ./src
     out = sh(py, "-c", CORE_CHECK, cwd=run, env=env)
-    assert out.stdout.strip().splitlines()[-1].startswith("core ok 57 []"), out.stdout
+    assert out.stdout.strip().splitlines()[-1].startswith("core ok 58 []"), out.stdout
 
     snippet = readme_snippet()
     assert 'method = "seq_tis"' in snippet

@@ -156,7 +156,7 @@ def test_steadyrl_train_logs_the_bonus_and_resumes_the_adaptive_coefficient(
 ) -> None:
     """``method.entropy.coef`` on a preset, and ``grpo+adaptive_entropy``: the entropy metrics in metrics.jsonl; the
     adaptive run stopped at step 2 and resumed to 4 writes the straight run's metrics (its coefficient restored)."""
-    common = [*tiny_overrides, "eval.every=0", "eval.n=16", "checkpoint.every=2", "lag=1"]
+    common = [*tiny_overrides, "eval.every=0", "eval.n=16", "checkpoint.every=2", "runtime.lag.k=1"]
     assert main([*common, "steps=2", "method=seq_tis", "method.entropy.coef=0.01", f"out_dir={tmp_path / 'c'}"]) == 0
     rows = read_metrics(tmp_path / "c" / "metrics.jsonl")[:-1]
     assert [r["step"] for r in rows] == [0, 1]
