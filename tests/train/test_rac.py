@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from steadyrl.config.io import ConfigError, load_config
-from steadyrl.config.train import OptimConfig, RacConfig, RolloutConfig, TrainConfig
+from steadyrl.config.train import OptimConfig, RacConfig, RolloutConfig
 from steadyrl.core.advantages.rac import rac_corrections
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
@@ -103,7 +102,7 @@ def test_lag_source_holds_the_true_reward_back_delta_steps(tmp_path: Path) -> No
             state = source.state_dict()
             fresh = _source(model, tmp_path, delay=2)
             fresh.load_state_dict(state)
-            assert sorted(fresh.pending) == sorted(source.pending) == [1, 2]
+            assert sorted(fresh.delay.pending) == sorted(source.delay.pending) == [1, 2]
     assert batches[0].delayed is None and batches[1].delayed is None
     for step in (2, 3):
         d = batches[step].delayed
@@ -159,9 +158,16 @@ def test_learner_adds_the_correction_once(tmp_path: Path) -> None:
     del first
 
 
-def test_delay_needs_the_lag_runtime() -> None:
-    with pytest.raises(ConfigError, match=r"task\.reward_delay=3 is implemented by runtime\.mode=lag"):
-        load_config(TrainConfig, overrides=["task.reward_delay=3", "runtime.mode=local", "runtime.lag.k=0"])
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_late_reward_in_the_local_runtime(tiny_overrides: list[str], tmp_path: Path) -> None:
+    """The concurrent runtimes hold the samplers' true reward back Δ learner steps as the lag runtime does."""
+    out = tmp_path / "rac-local"
+    assert main([*tiny_overrides, "method=grpo", "task.reward_delay=2", "runtime.mode=local", "runtime.lag.k=0",
+                 "runtime.concurrent.sync=true", "steps=4", "checkpoint.every=0", f"out_dir={out}"]) == 0  # fmt: skip
+    steps = read_metrics(out / "metrics.jsonl")[:-1]
+    assert ["rac/corr_mean" in r for r in steps] == [False, False, True, True]
+    assert all("reward/true_mean" in r for r in steps) and all("reward/slow_mean" in r for r in steps[2:])
 
 
 @pytest.mark.slow

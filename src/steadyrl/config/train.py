@@ -755,17 +755,6 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _delayed_reward_needs_the_lag_runtime(self) -> TrainConfig:
-        delay = getattr(self.task, "reward_delay", 0)
-        if delay > 0 and self.runtime.mode != "lag":
-            raise ValueError(
-                f"task.reward_delay={delay} is implemented by runtime.mode=lag (got runtime.mode={self.runtime.mode}):"
-                " the concurrent runtimes do not hold batches back for their late reward yet; use runtime.mode=lag "
-                "or task.reward_delay=0"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _behavior_snapshot_needs_the_ring(self) -> TrainConfig:
         if self.proximal.name == "behavior_snapshot" and self.runtime.mode != "lag":
             raise ValueError(

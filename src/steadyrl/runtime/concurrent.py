@@ -53,6 +53,7 @@ from steadyrl.pool.records import GroupRecord
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import concat
 from steadyrl.rollout.scored import ScoredRollouts
+from steadyrl.runtime.reward_delay import RewardDelay
 from steadyrl.runtime.weight_sync import FlatLayout
 from steadyrl.runtime.worker import SamplerSpec
 from steadyrl.tasks import Problem, Task
@@ -151,6 +152,11 @@ class ConcurrentSource(ABC):
         self.no_progress = [0] * self.n
         self.restarts = 0
         self.version = 0
+        delay = cfg.task.reward_delay
+        self.delay = (RewardDelay(delay, proxy=cfg.task.proxy_reward, flip=cfg.task.proxy_flip, seed=cfg.seed)
+                      if delay > 0 else None)  # fmt: skip
+        """``task.reward_delay`` Δ > 0: each batch trains on its proxy reward; its true reward, which the samplers
+        scored, is handed over with the batch of Δ learner steps later (:mod:`steadyrl.runtime.reward_delay`)."""
         self._redo: dict[int, list[int]] = {}
         self._not_before = 0.0
         self._last_return: float | None = None
@@ -348,7 +354,8 @@ class ConcurrentSource(ABC):
             metrics["time/sampler_idle_frac"] = d_idle / (d_idle + d_busy)
         metrics["runtime/sampler_restarts"] = float(self.restarts)
         self._last_return = now
-        return ScoredRollouts(batch.rollouts, batch.rewards, metrics)
+        out = ScoredRollouts(batch.rollouts, batch.rewards, metrics)
+        return out if self.delay is None else self.delay.apply(step, out)
 
     # -- rollback, checkpoint, shutdown --------------------------------------------------------------------------
     def restart(self, *, step: int, version: int, model: nn.Module) -> None:
@@ -376,6 +383,7 @@ class ConcurrentSource(ABC):
             "version": self.version,
             "step": c.step,
             "restarts": self.restarts,
+            "reward_delay": {} if self.delay is None else self.delay.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -388,6 +396,8 @@ class ConcurrentSource(ABC):
             next_group=int(state["next_group"]), retired=int(state["retired"]), consumed=int(state["consumed"])
         )
         self.restarts = int(state["restarts"])
+        if self.delay is not None:
+            self.delay.load_state_dict(state.get("reward_delay", {}))
         pending = [int(g) for g in state["pending"].tolist()]
         if pending:
             self._redo[0] = pending

@@ -33,7 +33,6 @@ Sampling is seeded per step (``generator(seed, "sample", t)``), so a run and a r
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import shutil
 import time
@@ -54,11 +53,12 @@ from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.multiturn import ToolUse, score_final
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
-from steadyrl.rollout.scored import DelayedRewards, ScoredRollouts, score_rollouts
+from steadyrl.rollout.scored import ScoredRollouts, score_rollouts
 from steadyrl.rollout.vllm_engine import VLLMEngine, engine_from_config, engine_mismatch
 from steadyrl.runtime.order import problem_order
+from steadyrl.runtime.reward_delay import RewardDelay
 from steadyrl.tasks import Problem, Task
-from steadyrl.tasks.delayed import ProxyKind, proxy_rewards
+from steadyrl.tasks.delayed import ProxyKind
 from steadyrl.tools import SandboxPool
 
 if TYPE_CHECKING:
@@ -544,13 +544,9 @@ class LagSource:
                  record_old_logp: bool = False, reward_delay: int = 0, proxy: ProxyKind = "noisy",
                  proxy_flip: float = 0.2) -> None:  # fmt: skip
         self.sampler = sampler
-        self.reward_delay = reward_delay
-        """Δ of ``task.reward_delay``: a batch trains on its proxy reward, and its true reward is handed over with
-        the batch of Δ steps later (:class:`~steadyrl.rollout.scored.DelayedRewards`)."""
-        self.proxy: ProxyKind = proxy
-        self.proxy_flip = proxy_flip
-        self.pending: dict[int, DelayedRewards] = {}
-        """Batches sampled at a step, waiting for their true reward (step → rollouts, true and proxy rewards)."""
+        self.delay = RewardDelay(reward_delay, proxy=proxy, flip=proxy_flip, seed=seed) if reward_delay > 0 else None
+        """``task.reward_delay`` Δ > 0: a batch trains on its proxy reward, and its true reward is handed over with
+        the batch of Δ steps later (:mod:`steadyrl.runtime.reward_delay`)."""
         self.record_old_logp = record_old_logp
         """Attach π_old^train (:meth:`LagSampler.old_logprobs`) to every batch: ``proximal`` other than current."""
         self.task = task
@@ -611,29 +607,14 @@ class LagSource:
     def next_batch(self, *, step: int) -> ScoredRollouts:
         """The scored batch of learner step ``step`` (with π_old^train when :attr:`record_old_logp`)."""
         batch = self._scored_batch(step=step)
-        if self.reward_delay > 0:
-            batch = self._delay(step, batch)
+        if self.delay is not None:
+            batch = self.delay.apply(step, batch)
         if not self.record_old_logp:
             return batch
         t0 = time.perf_counter()
         old = self.sampler.old_logprobs(step=step, rollouts=batch.rollouts)
         metrics = {**batch.metrics, "time/old_logp_s": time.perf_counter() - t0}
         return batch._replace(old_logp=old, metrics=metrics)
-
-    def _delay(self, step: int, batch: ScoredRollouts) -> ScoredRollouts:
-        """Swap the true rewards for the proxy, hold them back Δ steps, and attach the batch whose time has come.
-
-        The batch of step s trains at step s on b (the proxy); its true reward arrives at step s + Δ, so the batch
-        of that step carries it (age Δ). The proxy is drawn from its own seeded stream (``"proxy"``, s): sampling
-        is untouched."""
-        gen = generator(self.seed, "proxy", step)
-        fast = proxy_rewards(batch.rewards, kind=self.proxy, flip=self.proxy_flip, generator=gen)
-        self.pending[step] = DelayedRewards(batch.rollouts, batch.rewards, fast, self.reward_delay)
-        arrived = self.pending.pop(step - self.reward_delay, None)
-        metrics = {**batch.metrics, "reward/true_mean": float(batch.rewards.mean())}
-        if arrived is not None:
-            metrics["reward/slow_mean"] = float(arrived.slow.mean())
-        return batch._replace(rewards=fast, metrics=metrics, delayed=arrived)
 
     def _scored_batch(self, *, step: int) -> ScoredRollouts:
         idx = problem_order(step, pool=len(self.train_pool), per_step=self.prompts_per_step, seed=self.seed)
@@ -659,21 +640,15 @@ class LagSource:
         """See :meth:`LagSampler.state_dict`; with ``reward_delay``, also the batches awaiting their true reward
         (plain tensors, lists and numbers)."""
         state = self.sampler.state_dict()
-        if self.reward_delay > 0:
-            state["pending"] = {
-                step: {"rollouts": {f.name: getattr(d.rollouts, f.name) for f in dataclasses.fields(d.rollouts)},
-                       "slow": d.slow, "fast": d.fast, "age": d.age}
-                for step, d in self.pending.items()
-            }  # fmt: skip
+        if self.delay is not None:
+            state["pending"] = self.delay.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """See :meth:`LagSampler.load_state_dict`."""
         self.sampler.load_state_dict(state)
-        self.pending = {
-            int(step): DelayedRewards(Rollouts(**d["rollouts"]), d["slow"], d["fast"], int(d["age"]))
-            for step, d in state.get("pending", {}).items()
-        }
+        if self.delay is not None:
+            self.delay.load_state_dict(state.get("pending", {}))
 
     def close(self) -> None:
         """End the sandbox pool's calls and processes, if tools are on, and the vLLM engine, if any."""
