@@ -117,6 +117,10 @@ for step in range(args.steps):
         log_pi = F.log_softmax(response_logits(model, ids, P), -1).reshape(B * T, -1)  # with gradient
         term = centering_term(behav_logp=behav_dist.reshape(B * T, -1), head_ids=None, weight=spec.objective.weight)
         batch["centering"] = term(log_pi, torch.arange(B * T)).reshape(B, T)
+    if "entropy" in need:  # an entropy bonus: H(π_θ) at each token, with gradient
+        log_pi = F.log_softmax(response_logits(model, ids, P), -1)
+        batch["entropy"] = -(log_pi.exp() * log_pi).sum(-1)
+    batch |= steadyrl.control.loss_inputs(controllers, device=mask.device)  # e.g. the adaptive entropy coefficient
     batch["logp"] = logp_fn(model)
     if "prox_logp" in need:  # one update per batch: the proximal policy is the current one
         batch["prox_logp"] = batch["logp"].detach()

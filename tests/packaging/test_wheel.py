@@ -57,7 +57,7 @@ full = {"logp": logp_fn(model), "behav_logp": behav_logp, "mask": mask, "rewards
         "prox_logp": logp_fn(model).detach(), "versions": torch.zeros(B, T, dtype=torch.long), "learner_version": 3,
         "behav_entropy": torch.rand(B, T), "ref_logp": behav_logp.clone(), "values": torch.rand(B, T),
         "sum_p2": torch.rand(B, T) * 0.5 + 0.1,
-        "centering": 0.9 * logp_fn(model),
+        "centering": 0.9 * logp_fn(model), "entropy": torch.rand(B, T),
         "grad_sq_norms": steadyrl.per_trajectory_grad_sq_norms(model, logp_fn, mask)}
 for p in PRESETS:
     need = set(required_inputs(steadyrl.resolve_method(p.name))) | {"logp", "behav_logp", "mask"}
