@@ -160,7 +160,7 @@ def test_mismatch_metrics_reuse_the_learner_diagnostics(
 
 
 def test_bad_requests_name_the_setting(engine: VLLMEngine) -> None:
-    with pytest.raises(ValueError, match=r"rollout\.max_model_len"):
+    with pytest.raises(ValueError, match=r"rollout\.vllm\.max_model_len"):
         engine.generate(PROMPTS, group_size=1, max_new_tokens=60, seed=0)
     with pytest.raises(ValueError, match="top_p"):
         engine.generate(PROMPTS, group_size=1, max_new_tokens=4, seed=0, top_p=0.0)
