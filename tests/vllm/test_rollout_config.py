@@ -25,6 +25,7 @@ from steadyrl.train.entry import main
     ("overrides", "pattern"),
     [
         (["method=estr"], r"behavior entropy"),
+        (["method=score_centering"], r"objective\.top_k=0 \(the exact form\).*method\.objective\.top_k=16"),
         (["runtime.mode=local", "runtime.lag.k=0"], r"runtime\.concurrent\.inflight=false"),
         (["rollout.vllm.kv_cache_gb=0"], r"rollout\.vllm\.kv_cache_gb"),
         (["rollout.engine=sglang"], r"rollout\.engine"),
@@ -43,6 +44,10 @@ def test_what_the_vllm_engine_accepts() -> None:
     assert load_config(TrainConfig, overrides=["tools.enabled=true"]).rollout.engine == "transformers"
     tools = load_config(TrainConfig, overrides=["rollout.engine=vllm", "tools.enabled=true"])  # multi-turn on vLLM
     assert tools.rollout.engine == "vllm" and tools.tools.enabled
+    # score centering's top-k form: the engine records the behavior distribution's top-k
+    sc = load_config(TrainConfig, overrides=["rollout.engine=vllm", "method=score_centering",
+                                             "method.objective.top_k=16"])  # fmt: skip
+    assert sc.method.resolve().objective.top_k == 16  # type: ignore[union-attr]
 
 
 def test_settings_are_the_sections_fields() -> None:
