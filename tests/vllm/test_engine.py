@@ -1,4 +1,5 @@
-"""VLLMEngine: behavior log-probs equal a transformers float32 recompute, in-place weight updates, layout of generate.
+"""VLLMEngine: behavior log-probs equal a transformers float32 recompute, in-place weight updates, layout of generate,
+and the top-k of the behavior distribution (``record_dist``) against the same recompute over the whole vocabulary.
 
 One engine (a vLLM server process, ~20 s to start) is shared by the module. Tolerance: |log μ_vLLM − log π_HF| ≤
 1e-4 per token in float32 (measured ≤ 1e-6 on this model); a stale weight would be off by > 0.1.
@@ -16,9 +17,10 @@ from steadyrl.base.device import copy_state
 from steadyrl.core.diagnostics import staleness_diagnostics
 from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
 from steadyrl.models.tokenizer import build_char_tokenizer
+from steadyrl.rollout.distribution import SamplingParams, sampling_log_probs
 from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
-from steadyrl.rollout.sampler import encode_prompts
+from steadyrl.rollout.sampler import encode_prompts, positions_from_mask
 from steadyrl.rollout.vllm_engine import LOG_FILE, SETUP_HINT, VLLMEngine, VLLMSettings, engine_mismatch, vllm_available
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason=f"vLLM is not installed here; {SETUP_HINT}")
@@ -160,7 +162,7 @@ def test_mismatch_metrics_reuse_the_learner_diagnostics(
 
 
 def test_bad_requests_name_the_setting(engine: VLLMEngine) -> None:
-    with pytest.raises(ValueError, match=r"rollout\.max_model_len"):
+    with pytest.raises(ValueError, match=r"rollout\.vllm\.max_model_len"):
         engine.generate(PROMPTS, group_size=1, max_new_tokens=60, seed=0)
     with pytest.raises(ValueError, match="top_p"):
         engine.generate(PROMPTS, group_size=1, max_new_tokens=4, seed=0, top_p=0.0)
@@ -168,3 +170,57 @@ def test_bad_requests_name_the_setting(engine: VLLMEngine) -> None:
         engine.generate(PROMPTS, group_size=1, max_new_tokens=4, seed=0, temperature=0.0)
     r = engine.generate(PROMPTS, group_size=1, max_new_tokens=4, seed=0)  # the server survives bad requests
     assert len(r) == len(PROMPTS)
+
+
+def _sampling_dist(model: PreTrainedModel, r: Rollouts, params: dict[str, float]) -> torch.Tensor:
+    """log μ over the whole vocabulary at every response step ``[N, T, V]``: the model's forward over the sampled
+    ``[prompt; response]`` (positions as the sampler has them), tempered and truncated by the transformers rule."""
+    P, T = r.prompt_ids.shape[1], r.response_ids.shape[1]
+    ids = torch.cat([r.prompt_ids, r.response_ids], dim=1)
+    mask = torch.cat([r.prompt_mask, r.response_mask], dim=1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions_from_mask(mask)).logits
+    return sampling_log_probs(logits[:, P - 1 : P - 1 + T].float(), params=SamplingParams(**params))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "params", [{"temperature": 0.8}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 1.3, "top_k": 5}]
+)
+def test_recorded_top_k_is_the_sampling_distributions(
+    engine: VLLMEngine, models: tuple[PreTrainedModel, PreTrainedModel], tokenizer: PreTrainedTokenizerFast,
+    params: dict[str, float],
+) -> None:  # fmt: skip
+    """``record_dist=16``: the k most likely tokens of μ at each step, as the transformers sampler records them, within
+    the float32 engine-vs-trainer tolerance (compared with μ recomputed on the engine's own samples); the samples are
+    those of a call without the record."""
+    k = 16
+    engine.update_weights(models[0], version=2)
+    plain = engine.generate(PROMPTS, group_size=4, max_new_tokens=10, seed=7, **params)  # type: ignore[arg-type]
+    r = engine.generate(PROMPTS, group_size=4, max_new_tokens=10, seed=7, record_dist=k, **params)  # type: ignore[arg-type]
+    assert torch.equal(r.response_ids, plain.response_ids) and torch.equal(r.behav_logp, plain.behav_logp)
+    assert plain.behav_dist_logp is None and plain.behav_dist_ids is None
+    m = r.response_mask
+    dist, ids = r.behav_dist_logp, r.behav_dist_ids
+    assert dist.shape == ids.shape == (*m.shape, k) and dist.dtype == torch.float32 and ids.dtype == torch.int64
+    assert bool((dist[~m] == -torch.inf).all()) and bool((ids[~m] == 0).all())  # padding as the transformers sampler
+    assert bool((dist[m][:, :-1] >= dist[m][:, 1:]).all())  # descending
+    assert bool((ids[m].sort(-1).values.diff(dim=-1) > 0).all())  # k distinct tokens
+    ref = _sampling_dist(models[0], r, params)[m]  # [M, V]
+    d, i = dist[m], ids[m]
+    finite = d > -torch.inf
+    assert torch.equal(finite, ref.gather(-1, i) > -torch.inf)  # the same tokens are outside μ's support
+    delta = float((ref.gather(-1, i) - d)[finite].abs().max())  # log μ of the recorded tokens
+    top = ref.topk(k, dim=-1).values
+    gap = float((top - d)[finite].abs().max())  # the k largest values of μ
+    # the recorded ids are a top-k of the recompute up to the tolerance: nothing left out is more likely by more
+    left_out = ref.scatter(-1, i, -torch.inf).max(-1).values
+    kth = torch.where(finite, ref.gather(-1, i), torch.inf).min(-1).values
+    assert bool((left_out <= kth + LOGP_TOL).all())
+    # the sampled token's entry is its behav_logp (the same processed log-probs) when it is in the top-k
+    sampled = i == r.response_ids[m].unsqueeze(-1)
+    rows = sampled.any(-1)
+    assert bool(rows.any()) and torch.equal(d[sampled], r.behav_logp[m][rows])
+    print(f"{params}: top-{k} max |Δ log μ| {delta:.2g} (recorded ids), {gap:.2g} (values vs recomputed top-k)")
+    assert delta <= LOGP_TOL and gap <= LOGP_TOL
+    if "top_k" in params:  # a sampler top-k of 5 below the record's 16: the rest is recorded at −inf
+        assert bool((finite.sum(-1) == 5).all())

@@ -65,7 +65,7 @@ class ScriptedEngine(VLLMEngine):
                 taken.append(script.pop(0))
                 if taken[-1] in stop:
                     break
-            out.append((taken, [-y / 1000 for y in taken]))
+            out.append((taken, [-y / 1000 for y in taken], None))  # no top-k log-probs asked
         return out
 
 

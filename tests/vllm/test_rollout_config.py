@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from steadyrl.config.io import ConfigError, load_config
-from steadyrl.config.train import RolloutConfig, TrainConfig
+from steadyrl.config.train import RolloutConfig, TrainConfig, VLLMConfig
 from steadyrl.rollout.vllm_engine import (
     SETUP_HINT,
     VLLMSettings,
@@ -25,10 +25,11 @@ from steadyrl.train.entry import main
     ("overrides", "pattern"),
     [
         (["method=estr"], r"behavior entropy"),
-        (["runtime.mode=local", "runtime.lag.k=0"], r"runtime\.inflight=false"),
-        (["rollout.vllm.kv_cache_gb=0"], r"rollout\.kv_cache_gb"),
+        (["method=score_centering"], r"objective\.top_k=0 \(the exact form\).*method\.objective\.top_k=16"),
+        (["runtime.mode=local", "runtime.lag.k=0"], r"runtime\.concurrent\.inflight=false"),
+        (["rollout.vllm.kv_cache_gb=0"], r"rollout\.vllm\.kv_cache_gb"),
         (["rollout.engine=sglang"], r"rollout\.engine"),
-        (["rollout.vllm.dtype=int8"], r"rollout\.dtype"),
+        (["rollout.vllm.dtype=int8"], r"rollout\.vllm\.dtype"),
     ],
 )
 def test_vllm_engine_refuses_what_it_cannot_do(overrides: list[str], pattern: str) -> None:
@@ -43,13 +44,17 @@ def test_what_the_vllm_engine_accepts() -> None:
     assert load_config(TrainConfig, overrides=["tools.enabled=true"]).rollout.engine == "transformers"
     tools = load_config(TrainConfig, overrides=["rollout.engine=vllm", "tools.enabled=true"])  # multi-turn on vLLM
     assert tools.rollout.engine == "vllm" and tools.tools.enabled
+    # score centering's top-k form: the engine records the behavior distribution's top-k
+    sc = load_config(TrainConfig, overrides=["rollout.engine=vllm", "method=score_centering",
+                                             "method.objective.top_k=16"])  # fmt: skip
+    assert sc.method.resolve().objective.top_k == 16  # type: ignore[union-attr]
 
 
 def test_settings_are_the_sections_fields() -> None:
     names = {f.name for f in dataclasses.fields(VLLMSettings)} - {"startup_timeout_s"}
-    assert names == set(RolloutConfig.model_fields) - {"engine"}
-    rollout = RolloutConfig(engine="vllm", dtype="bfloat16", kv_cache_gb=None, max_model_len=96, max_num_seqs=8)
-    s = VLLMSettings.from_config(rollout)
+    assert names == set(VLLMConfig.model_fields)
+    vllm = VLLMConfig(dtype="bfloat16", kv_cache_gb=None, max_model_len=96, max_num_seqs=8)
+    s = VLLMSettings.from_config(vllm)
     assert (s.dtype, s.kv_cache_gb, s.max_model_len, s.max_num_seqs) == ("bfloat16", None, 96, 8)
     assert engine_from_config(RolloutConfig(), model=None, tokenizer=None) is None  # type: ignore[arg-type]
 

@@ -3,6 +3,7 @@ engine's schema plus ``mismatch/*``, and ``mismatch/*`` is the lag-free part of 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,16 @@ def test_train_with_vllm_has_the_transformers_schema_and_separates_mismatch_from
     for r in later:
         assert r["lag/mean"] == 1 and r["kl/max_abs_logp_diff"] > 10 * r["mismatch/max_abs_dlogp"]
     assert (tmp_path / "vllm" / "checkpoints").is_dir()
+
+
+def test_train_score_centering_top_k_with_vllm(tiny_overrides: list[str], tmp_path: Path) -> None:
+    """Score centering's top-k form with the behavior distribution's top-k recorded by the vLLM engine."""
+    args = [*tiny_overrides, HEAD_32, "steps=2", "runtime.lag.k=1", "eval.every=0", "checkpoint.every=0",
+            "rollout.engine=vllm", "method=score_centering", "method.objective.top_k=16",
+            f"out_dir={tmp_path}"]  # fmt: skip
+    assert main(args) == 0
+    steps = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in steps] == [0, 1]
+    for r in steps:
+        assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
+        assert r["train/skipped"] == 0 and r["sc/centering_mean"] < 0 and r["mismatch/max_abs_dlogp"] < 1e-3

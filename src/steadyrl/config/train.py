@@ -798,14 +798,17 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _behavior_distribution_is_recorded(self) -> TrainConfig:
-        """Score centering needs the behavior distribution per token: only the transformers sampler of single-turn
-        runs records it."""
-        if behavior_record(self.method.resolve()) is None:
+        """Score centering needs the behavior distribution per token: the samplers of single-turn runs record it,
+        the vLLM engine its top-k only."""
+        record = behavior_record(self.method.resolve())
+        if record is None:
             return self
         name = self.method.name
-        if self.rollout.engine == "vllm":
-            raise ValueError(f"method {name!r} needs the behavior distribution at each token, which the vLLM engine "
-                             "does not record yet: use rollout.engine=transformers")  # fmt: skip
+        if self.rollout.engine == "vllm" and record == 0:
+            raise ValueError(f"method {name!r} with objective.top_k=0 (the exact form) needs the full behavior "
+                             "distribution at each token, which the vLLM engine does not return: set "
+                             "method.objective.top_k=16 (the top-k form; any k >= 1), or use "
+                             "rollout.engine=transformers")  # fmt: skip
         if self.tools.enabled:
             raise ValueError(f"method {name!r} needs the behavior distribution at each token, which multi-turn tool "
                              "runs do not record yet: set tools.enabled=false")  # fmt: skip

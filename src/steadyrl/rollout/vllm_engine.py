@@ -20,6 +20,15 @@ How it works:
    from, as :func:`generate` records it. vLLM's top-p rule (ascending cumulative mass ≤ 1 − p is dropped) keeps the same
    tokens as :mod:`steadyrl.rollout.distribution` (mass ranked before a token < p) up to float rounding at the boundary.
    ``logprobs=0`` returns the sampled token's log-prob only.
+3b. **The behavior distribution's top-k** (``generate(record_dist=k)``, score centering's top-k form): each request
+   asks for ``logprobs=k``. vLLM's sampler takes the top-k of the same processed log-prob tensor it returns the sampled
+   token's log-prob from (``Sampler.gather_logprobs`` on ``processed_logprobs``), so the k entries are log μ of the
+   tempered, truncated distribution too (−inf for tokens the top-k/top-p mask removed, when k exceeds the kept set).
+   vLLM adds the sampled token to the k entries when it is not among them (k or k + 1 entries per step);
+   :func:`dist_topk` keeps the k largest, in descending order (ties: the lower id first), as the transformers sampler's
+   ``torch.topk`` does; a k of at least the vocabulary records every token in id order, as there. The server's
+   ``max_logprobs`` (vLLM's cap on k, default 20) is raised to the k the engine is built for (``max_record_dist``).
+   The full distribution (``record_dist=0``, the exact form) is not returned by this engine.
 4. **EOS and layout.** Requests stop on exactly the given stop ids (``ignore_eos`` plus ``stop_token_ids``, so the
    model's generation config adds none); the stop token is kept in the response and its mask, as in :func:`generate`.
    The token lists are assembled by the same code as :func:`generate` (``sampler.assemble_rollouts``): identical
@@ -90,7 +99,7 @@ from steadyrl.rollout.multiturn import (
     run_tool_calls,
 )
 from steadyrl.rollout.rollouts import Rollouts
-from steadyrl.rollout.sampler import DecodeSteps, assemble_rollouts, encode_prompts, stop_token_ids
+from steadyrl.rollout.sampler import DecodeSteps, assemble_rollouts, check_record_dist, encode_prompts, stop_token_ids
 
 #: What to run when vLLM is missing (the one line of :class:`VLLMUnavailableError`).
 SETUP_HINT = (
@@ -103,6 +112,9 @@ LOG_FILE = "vllm_engine.log"
 GIB = 1 << 30
 #: Characters of the server log quoted in an error.
 LOG_TAIL_CHARS = 3000
+#: vLLM's default ``max_logprobs``: the largest top-k of μ an engine records unless built for more
+#: (``max_record_dist``).
+DEFAULT_MAX_RECORD_DIST = 20
 #: vLLM's CPU thread-binding variable (``auto``: one pinned OpenMP thread per core; ``nobind``: no pinning).
 CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
@@ -175,6 +187,8 @@ class VLLMEngine:
         settings: how vLLM is built.
         version: policy version of ``model``'s weights (recorded on every token until :meth:`update_weights`).
         env: extra environment variables for the server (e.g. ``VLLM_CPU_OMP_THREADS_BIND``).
+        max_record_dist: the largest top-k of the behavior distribution :meth:`generate` may record
+            (``record_dist``); vLLM's ``max_logprobs``.
     """
 
     def __init__(
@@ -185,6 +199,7 @@ class VLLMEngine:
         settings: VLLMSettings | None = None,
         version: int = 0,
         env: Mapping[str, str] | None = None,
+        max_record_dist: int = DEFAULT_MAX_RECORD_DIST,
     ) -> None:
         require_vllm()
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
@@ -196,6 +211,9 @@ class VLLMEngine:
         self.version = version
         self.device = next(model.parameters()).device
         config = getattr(model, "config", None)
+        self.vocab_size = _vocab_size(model)
+        """Entries of vLLM's logits (the model config's ``vocab_size``): a top-k this large records every token."""
+        self.max_record_dist = int(max_record_dist)
         self.max_model_len = self.settings.max_model_len or int(getattr(config, "max_position_embeddings", 0) or 0)
         if self.max_model_len < 2:
             raise ValueError("set rollout.vllm.max_model_len: the model config has no max_position_embeddings")
@@ -246,6 +264,7 @@ class VLLMEngine:
             "enforce_eager": eager,
             "gpu_memory_utilization": s.gpu_memory_utilization,
             "logprobs_mode": "processed_logprobs",
+            "max_logprobs": self.max_record_dist,
             "skip_tokenizer_init": True,
             "enable_prefix_caching": True,
             "seed": 0,
@@ -357,14 +376,18 @@ class VLLMEngine:
         seed: int,
         version: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
+        record_dist: int | None = None,
     ) -> Rollouts:
         """Sample ``group_size`` responses per prompt (rows i·G … i·G + G − 1 answer prompt i).
 
         Same arguments and result layout as :func:`~steadyrl.rollout.sampler.generate`, except ``seed`` (an int:
         row r samples with its own seed derived from it) and ``version`` (default: the version of the last
-        :meth:`update_weights`), which every token records. ``behav_entropy`` is not available (vLLM returns the
-        sampled token's log-prob only).
+        :meth:`update_weights`), which every token records. ``behav_entropy`` is not available (vLLM returns
+        log-probs only). ``record_dist=k ≥ 1`` also records the k most likely tokens of the distribution each token
+        was drawn from (``behav_dist_logp``, ``behav_dist_ids`` ``[N, T, k]``; module docstring, point 3b) for k up
+        to ``max_record_dist``; ``record_dist=0`` (the full distribution) is refused.
         """
+        k = self._record_width(record_dist)
         if not prompts:
             raise ValueError("generate needs at least one prompt")
         if group_size < 1 or max_new_tokens < 1:
@@ -387,12 +410,14 @@ class VLLMEngine:
             "max_tokens": max_new_tokens,
             "stop_token_ids": stop_ids,
         }
-        outputs = self._call("generate", {"rows": rows, "seeds": seeds, "params": params})
+        outputs = self._call("generate", {"rows": rows, "seeds": seeds, "params": params, "logprobs": k or 0})
         steps = _steps_from_outputs(
             outputs,
             stop_ids=set(stop_ids),
             pad_id=int(self.tokenizer.pad_token_id),
             version=self.version if version is None else version,
+            dist_k=k,
+            by_id=k is not None and k >= self.vocab_size,
         )
         rollouts = assemble_rollouts(
             steps,
@@ -404,6 +429,26 @@ class VLLMEngine:
             group_size=group_size,
         )
         return rollouts if self.device.type == "cpu" else rollouts.to(self.device)
+
+    def _record_width(self, record_dist: int | None) -> int | None:
+        """The number of log-prob entries per step that ``record_dist`` asks vLLM for (None: none), or an error
+        naming what to change."""
+        if record_dist is None:
+            return None
+        check_record_dist(record_dist, vocab_size=None)
+        if record_dist == 0:
+            raise ValueError(
+                "the vLLM engine records the behavior distribution's top-k only (record_dist=k >= 1), not all of it: "
+                "use score centering's top-k form (method.objective.top_k=16, for example) or rollout.engine="
+                "transformers for the exact form (objective.top_k=0)"
+            )
+        k = min(int(record_dist), self.vocab_size)
+        if k > self.max_record_dist:
+            raise ValueError(
+                f"record_dist={record_dist} exceeds the {self.max_record_dist} log-probs per token this vLLM engine "
+                f"returns: build it with max_record_dist={k} (vLLM's max_logprobs)"
+            )
+        return k
 
     def generate_multiturn(
         self,
@@ -477,7 +522,7 @@ class VLLMEngine:
     def _extend_rows(
         self,
         rows: list[TurnRow],
-        outputs: Sequence[tuple[list[int], list[float]]],
+        outputs: Sequence[tuple[list[int], list[float], Any]],
         calls: list[tuple[TurnRow, str]],
         *,
         fmt: ToolCallFormat,
@@ -487,10 +532,10 @@ class VLLMEngine:
     ) -> list[TurnRow]:
         """Append each row's sampled tokens and apply the transformers path's rule to its turn: EOS ends the row, a
         closed call is added to ``calls``, a full budget truncates; the rows left to continue are returned."""
-        if any(len(tokens) == 0 or len(tokens) != len(logps) for tokens, logps in outputs):
+        if any(len(tokens) == 0 or len(tokens) != len(logps) for tokens, logps, _ in outputs):
             raise RuntimeError("the vLLM server returned a row without tokens or with mismatched log-probs")
         going = []
-        for row, (tokens, logps) in zip(rows, outputs, strict=True):
+        for row, (tokens, logps, _) in zip(rows, outputs, strict=True):
             for y, lp in zip(tokens, logps, strict=True):
                 row.append(int(y), sampled=True, logp=lp, version=version, entropy=0.0)
             if tokens[-1] in stops:
@@ -530,31 +575,87 @@ def server_devices(device: torch.device, environ: Mapping[str, str]) -> dict[str
     return {"CUDA_VISIBLE_DEVICES": visible[index]}
 
 
-def engine_from_config(rollout: Any, *, model: nn.Module, tokenizer: Any, version: int = 0) -> VLLMEngine | None:
+def engine_from_config(
+    rollout: Any, *, model: nn.Module, tokenizer: Any, version: int = 0, record_dist: int | None = None
+) -> VLLMEngine | None:
     """The engine a train config's ``rollout`` section names: None for ``transformers`` (the caller's own
-    :func:`~steadyrl.rollout.sampler.generate`), a started :class:`VLLMEngine` for ``vllm``."""
+    :func:`~steadyrl.rollout.sampler.generate`), a started :class:`VLLMEngine` for ``vllm``, built to return the
+    top-k of μ that ``record_dist`` asks for (the method's :func:`~steadyrl.methods.resolve.behavior_record`)."""
     if rollout.engine == "transformers":
         return None
     if rollout.engine != "vllm":
         raise ValueError(f"rollout.engine must be transformers or vllm, got {rollout.engine!r}")
-    return VLLMEngine(model, tokenizer, settings=VLLMSettings.from_config(rollout.vllm), version=version)
+    return VLLMEngine(model, tokenizer, settings=VLLMSettings.from_config(rollout.vllm), version=version,
+                      max_record_dist=max(DEFAULT_MAX_RECORD_DIST, record_dist or 0))  # fmt: skip
+
+
+def _vocab_size(model: nn.Module) -> int:
+    """The width of the logits vLLM computes: the model config's ``vocab_size`` (else the output layer's rows)."""
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if size is None:
+        head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+        size = getattr(getattr(head, "weight", None), "shape", [0])[0]
+    if not size:
+        raise ValueError("the model has neither config.vocab_size nor an output layer: its vocabulary is unknown")
+    return int(size)
+
+
+def dist_topk(
+    entries: Sequence[tuple[Sequence[int], Sequence[float]]], k: int, *, by_id: bool = False
+) -> tuple[Tensor, Tensor]:
+    """One row's record of the behavior distribution from vLLM's per-step log-prob entries: log μ ``[T, k]``
+    float32 and the token ids ``[T, k]`` int64 of the k most likely tokens of each step.
+
+    ``entries[t]`` is ``(ids, log-probs)`` of step t as vLLM returns them for ``logprobs=k``: the sampled token
+    first, then the k most likely tokens (the sampled one appears once when it is among them, so there are k or
+    k + 1 entries). The k largest are kept, in descending order of log-prob, ties by the lower id first: the order of
+    the transformers sampler's ``torch.topk``. ``by_id``: the entries cover the whole vocabulary (k ≥ V), recorded in
+    id order, as the transformers sampler records that case.
+    """
+    values = torch.empty(len(entries), k, dtype=torch.float32)
+    ids = torch.empty(len(entries), k, dtype=torch.int64)
+    for t, (tok, lp) in enumerate(entries):
+        if len(tok) != len(lp):
+            raise RuntimeError(f"step {t}: {len(tok)} token ids and {len(lp)} log-probs from the vLLM server")
+        pairs = dict(zip((int(i) for i in tok), (float(x) for x in lp), strict=True))
+        if len(pairs) < k:
+            raise RuntimeError(f"step {t}: the vLLM server returned {len(pairs)} distinct log-prob entries, {k} asked")
+        order = sorted(pairs, key=lambda i: i if by_id else (-pairs[i], i))[:k]
+        ids[t] = torch.tensor(order, dtype=torch.int64)
+        values[t] = torch.tensor([pairs[i] for i in order], dtype=torch.float32)
+    return values, ids
 
 
 def _steps_from_outputs(
-    outputs: Sequence[tuple[list[int], list[float]]], *, stop_ids: set[int], pad_id: int, version: int
+    outputs: Sequence[tuple[list[int], list[float], Any]],
+    *,
+    stop_ids: set[int],
+    pad_id: int,
+    version: int,
+    dist_k: int | None = None,
+    by_id: bool = False,
 ) -> DecodeSteps:
-    """Per-step tensors (as :func:`generate`'s decoding loop builds them) from each row's tokens and log-probs."""
-    if any(len(tokens) == 0 or len(tokens) != len(logps) for tokens, logps in outputs):
+    """Per-step tensors (as :func:`generate`'s decoding loop builds them) from each row's tokens and log-probs, and
+    with ``dist_k`` each step's top-``dist_k`` record (:func:`dist_topk`; −inf and id 0 where a row has ended)."""
+    if any(len(tokens) == 0 or len(tokens) != len(logps) for tokens, logps, _ in outputs):
         raise RuntimeError("the vLLM server returned a row without tokens or with mismatched log-probs")
-    T = max(len(tokens) for tokens, _ in outputs)
+    T = max(len(tokens) for tokens, _, _ in outputs)
     steps = DecodeSteps()
     for t in range(T):
-        alive = [t < len(tokens) for tokens, _ in outputs]
-        steps.tokens.append(torch.tensor([tok[t] if a else pad_id for (tok, _), a in zip(outputs, alive, strict=True)]))
-        steps.logps.append(torch.tensor([lp[t] if a else 0.0 for (_, lp), a in zip(outputs, alive, strict=True)]))
+        alive = [t < len(tokens) for tokens, _, _ in outputs]
+        steps.tokens.append(torch.tensor([o[0][t] if a else pad_id for o, a in zip(outputs, alive, strict=True)]))
+        steps.logps.append(torch.tensor([o[1][t] if a else 0.0 for o, a in zip(outputs, alive, strict=True)]))
         steps.alive.append(torch.tensor(alive))
         steps.versions.append(version)
-    steps.stopped = torch.tensor([tokens[-1] in stop_ids for tokens, _ in outputs])
+    steps.stopped = torch.tensor([tokens[-1] in stop_ids for tokens, _, _ in outputs])
+    if dist_k is not None:
+        dist = torch.full((len(outputs), T, dist_k), -torch.inf)
+        ids = torch.zeros((len(outputs), T, dist_k), dtype=torch.int64)
+        for r, (tokens, _, entries) in enumerate(outputs):
+            if entries is None or len(entries) != len(tokens):
+                raise RuntimeError("the vLLM server returned no top-k log-probs, or not one set per token")
+            dist[r, : len(tokens)], ids[r, : len(tokens)] = dist_topk(entries, dist_k, by_id=by_id)
+        steps.dists, steps.dist_ids = list(dist.unbind(1)), list(ids.unbind(1))
     return steps
 
 

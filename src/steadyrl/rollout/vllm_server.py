@@ -3,7 +3,8 @@
 
 It owns the ``vllm.LLM`` and answers the client's requests over the pipe ``FD`` (``multiprocessing`` connection):
 ``init`` (build the engine from the client's settings; one token of warm-up), ``generate`` (sample every row with its
-own seed; each row's tokens and the sampled tokens' processed log-probs), ``load`` (the client's tensors, received over
+own seed; each row's tokens, the sampled tokens' processed log-probs and, when asked, the processed log-probs of each
+step's top-k tokens as vLLM returns them), ``load`` (the client's tensors, received over
 the pipe, loaded into the model in place by vLLM's ``reload_weights`` from an iterator; the CPU GEMMs of layers whose
 weight is tied re-packed; the prefix cache reset) and ``close``. It imports nothing of steadyrl, so starting it costs
 vLLM's import alone.
@@ -96,12 +97,17 @@ def _warmup_params() -> Any:
     return VSamplingParams(max_tokens=1, ignore_eos=True, detokenize=False)
 
 
-def _serve_generate(llm: Any, payload: Mapping[str, Any]) -> list[tuple[list[int], list[float]]]:
-    """Sample every row with its own seed; each row's tokens and the processed log-prob of each sampled token."""
+def _serve_generate(
+    llm: Any, payload: Mapping[str, Any]
+) -> list[tuple[list[int], list[float], list[tuple[list[int], list[float]]] | None]]:
+    """Sample every row with its own seed: each row's tokens, the processed log-prob of each sampled token and, when
+    ``payload["logprobs"]`` = k ≥ 1, each step's vLLM log-prob entries as ``(ids, log-probs)`` (the k most likely
+    tokens and the sampled one: k or k + 1 entries; None when k = 0)."""
     from vllm import SamplingParams as VSamplingParams
     from vllm import TokensPrompt
 
     p = payload["params"]
+    top = int(payload.get("logprobs") or 0)
     max_tokens = payload.get("max_tokens") or [p["max_tokens"]] * len(payload["seeds"])  # per row (tool turns)
     params = [
         VSamplingParams(
@@ -112,7 +118,9 @@ def _serve_generate(llm: Any, payload: Mapping[str, Any]) -> list[tuple[list[int
             max_tokens=m,
             ignore_eos=True,  # stop on exactly stop_token_ids (the model's generation config adds none)
             stop_token_ids=p["stop_token_ids"],
-            logprobs=0,  # the sampled token's log-prob (processed_logprobs: of the distribution sampled from)
+            # the sampled token's log-prob, plus the top-k's when asked (processed_logprobs: all of the distribution
+            # sampled from)
+            logprobs=top,
             seed=s,
             detokenize=False,
         )
@@ -124,8 +132,10 @@ def _serve_generate(llm: Any, payload: Mapping[str, Any]) -> list[tuple[list[int
     for out in outs:
         c = out.outputs[0]
         tokens = list(c.token_ids)
-        logps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], tokens, strict=True)]
-        result.append((tokens, logps))
+        steps = list(c.logprobs or [])
+        logps = [float(d[t].logprob) for d, t in zip(steps, tokens, strict=True)]
+        entries = [(list(d), [float(x.logprob) for x in d.values()]) for d in steps] if top else None
+        result.append((tokens, logps, entries))
     return result
 
 

@@ -404,15 +404,14 @@ class LagSampler:
         self.seed = seed
         self.record_entropy = record_entropy
         self.record_dist = record_dist
-        """What of the behavior distribution :func:`generate` records (score centering; None: nothing)."""
-        if engine is not None and record_dist is not None:
-            raise ValueError("the vLLM engine does not record the behavior distribution yet (score centering): use "
-                             "rollout.engine=transformers")  # fmt: skip
+        """What of the behavior distribution the sampler records (score centering; None: nothing): ``record_dist``
+        of :func:`generate` or of the vLLM engine's ``generate`` (its top-k only)."""
         self._loaded: int | None = None
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, *, model: nn.Module, tokenizer: Any, record_entropy: bool) -> LagSampler:
         """The sampler ``cfg`` describes, for ``model``'s architecture."""
+        record_dist = behavior_record(cfg.method.resolve())
         return cls(
             model=model,
             tokenizer=tokenizer,
@@ -421,14 +420,14 @@ class LagSampler:
             group_size=cfg.group_size,
             seed=cfg.seed,
             record_entropy=record_entropy,
-            engine=engine_from_config(cfg.rollout, model=model, tokenizer=tokenizer),
+            engine=engine_from_config(cfg.rollout, model=model, tokenizer=tokenizer, record_dist=record_dist),
             precision=cfg.precision,
             snapshot_budget_bytes=(
                 default_snapshot_budget() if cfg.runtime.lag.snapshot_memory_gb is None
                 else int(cfg.runtime.lag.snapshot_memory_gb * GIB)
             ),
             snapshot_dir=cfg.runtime.lag.snapshot_dir or Path(cfg.out_dir) / "snapshots",
-            record_dist=behavior_record(cfg.method.resolve()),
+            record_dist=record_dist,
         )  # fmt: skip
 
     def publish(self, *, step: int, version: int, model: nn.Module) -> None:
@@ -459,6 +458,7 @@ class LagSampler:
             return self.engine.generate(
                 prompts, group_size=self.group_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                 top_p=s.top_p, top_k=s.top_k, seed=derive_seed(self.seed, "sample", step), version=snap.version,
+                record_dist=self.record_dist,
             )  # fmt: skip
         with torch.no_grad(), self.placement.autocast(), _sampling_mode(self.sampler):
             return generate(

@@ -95,7 +95,8 @@ def run_sampler(spec: SamplerSpec, channel: SamplerChannel) -> None:
     sandbox = SandboxPool(cfg.tools.sandbox) if cfg.tools.enabled else None
     engine = None
     try:
-        engine = engine_from_config(cfg.rollout, model=spec.model, tokenizer=spec.tokenizer, version=-1)
+        engine = engine_from_config(cfg.rollout, model=spec.model, tokenizer=spec.tokenizer, version=-1,
+                                    record_dist=behavior_record(cfg.method.resolve()))  # fmt: skip
         _sample_until_done(spec, channel, tools=None if sandbox is None else cfg.tools.tool_use(sandbox), engine=engine)
     finally:
         if engine is not None:
@@ -161,7 +162,7 @@ def _sample_until_done(
                 rollouts = engine.generate(
                     prompts, group_size=G, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                     top_k=s.top_k, seed=derive_seed(cfg.seed, "sample", ids[0], spec.index, spec.incarnation),
-                    version=version,
+                    version=version, record_dist=record_dist,
                 )  # fmt: skip
                 rewards = score_rollouts(task, problems, rollouts)
             elif tools is None:
