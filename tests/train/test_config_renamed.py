@@ -185,3 +185,28 @@ def test_help_is_grouped_like_the_config() -> None:
                                   "rollout.vllm.dtype", "runtime", "runtime.lag", "runtime.lag.k", "runtime.concurrent",
                                   "runtime.concurrent.samplers")]  # fmt: skip
     assert order == sorted(order)
+
+
+def test_a_checkpoint_written_before_the_move_resumes() -> None:
+    """Resume compares the checkpoint's config with the run's: one saved in the former names (and with the float32
+    ``model.dtype`` every resolved config then wrote) shows no change; a real change still does."""
+    from steadyrl.config.io import flatten
+    from steadyrl.train.loop import _config_changes
+
+    new = TrainConfig().model_dump(mode="json")
+    flat = flatten(new, opaque=("options",))
+    old: dict[str, Any] = {}
+    for key, value in flat.items():
+        former = next((o for o, n in RENAMED.items() if n == key), key)
+        old.update(_merge(old, _nested(former, value)))
+    old["model"]["dtype"] = "float32"
+    assert "lag" in old and "sampling" in old and "runtime" in old
+    assert _config_changes(old, new) == []
+    assert _config_changes(old, {**new, "seed": 1}) == ["seed"]
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

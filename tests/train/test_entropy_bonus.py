@@ -114,12 +114,18 @@ def test_the_bonus_runs_with_a_critic() -> None:
 
 
 @pytest.mark.usefixtures("float64_norms")
-def test_fused_opob_norms_and_a_vocabulary_term_are_refused() -> None:
+def test_opob_norms_with_a_vocabulary_term_take_the_separate_pass() -> None:
+    """The fused norm pass computes no vocabulary term: asked for explicitly it is refused; by default the learner
+    takes the separate ghost pass, and a step runs (``steadyrl train method=vcpo method.entropy.coef=...``)."""
     model, _ = _model_and_rollouts()
     spec = resolve_method("vcpo", {"entropy.coef": 0.01})
     with pytest.raises(ValueError, match="grad_norms='ghost'"):
-        Learner(model=model, method=spec, controllers=[], lr=0.0, optim=OptimConfig())
-    Learner(model=model, method=spec, controllers=[], lr=0.0, optim=OptimConfig(), grad_norms="ghost")
+        Learner(model=model, method=spec, controllers=[], lr=0.0, optim=OptimConfig(), grad_norms="fused")
+    assert Learner(model=model, method=spec, controllers=[], lr=0.0, optim=OptimConfig()).grad_norms == "ghost"
+    assert Learner(model=model, method=resolve_method("vcpo"), controllers=[], lr=0.0,
+                   optim=OptimConfig()).grad_norms == "fused"  # fmt: skip
+    grads, metrics = _grad("vcpo", {"entropy.coef": 0.01})
+    assert all(torch.isfinite(g).all() for g in grads) and metrics["entropy/coef"] == 0.01
 
 
 @pytest.mark.usefixtures("float64_norms")

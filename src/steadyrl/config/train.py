@@ -67,6 +67,16 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _Switchable(_Section):
+    """A section with an ``enabled`` switch: a bare true/false stands for it (``log.wandb=true``, ``tools=true``), in
+    files and overrides (:mod:`steadyrl.config.io`) as in a mapping validated directly."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_value_is_enabled(cls, data: Any) -> Any:
+        return {"enabled": data} if isinstance(data, bool) else data
+
+
 class MethodConfig(_Section):
     """The RL method: a preset or ``+`` composition and its options (validated by ``steadyrl.methods``)."""
 
@@ -312,7 +322,7 @@ class OptimConfig(_Section):
         return value
 
 
-class RacConfig(_Section):
+class RacConfig(_Switchable):
     """Retroactive Advantage Correction (arXiv 2606.27580; the authors' ``rac`` primitive): applied when a batch's
     true reward arrives ``task.reward_delay`` steps late. Defaults are the authors' constants."""
 
@@ -459,7 +469,7 @@ class RuntimeConfig(_Section):
     )
 
 
-class ToolsConfig(_Section):
+class ToolsConfig(_Switchable):
     """Tool-integrated rollouts: the model may call a sandboxed Python interpreter (``steadyrl.rollout.multiturn``).
 
     When enabled, every sampler (runtime lag, local and ray) and the held-out eval generate with
@@ -532,15 +542,6 @@ class ToolsConfig(_Section):
         shared = SharedCalls(runner) if self.share_calls else runner
         return ToolUse(runner=shared, max_turns=self.max_turns, max_total_tokens=self.max_total_tokens,
                        max_tool_tokens=self.max_tool_tokens, tool_format=self.call_format())  # fmt: skip
-
-
-class _Switchable(_Section):
-    """A section with an ``enabled`` switch: a bare true/false stands for it (``log.wandb=true``)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_value_is_enabled(cls, data: Any) -> Any:
-        return {"enabled": data} if isinstance(data, bool) else data
 
 
 class WandbConfig(_Switchable):

@@ -35,7 +35,8 @@ Vocabulary terms (:mod:`steadyrl.train.vocab_terms`): a method that needs a full
 (score centering's Σ_v sg(μ_v w_v) log π_θ(v), batch key ``centering``; the entropy H of an entropy bonus, batch key
 ``entropy``) gets it from step 1's forward (:func:`~steadyrl.rollout.logprobs.sequence_logprob_terms`, chunk by chunk
 in the chunked head, at the learner's temperature), also with a critic's hidden states; with micro-batches it is
-micro-batched like ``logp``. OPOB's fused gradient-norm pass computes none (``grad_norms='ghost'`` then).
+micro-batched like ``logp``. OPOB's fused gradient-norm pass computes none: with both, the norms come from a separate
+ghost pass (``grad_norms=None``, the default, picks it; an explicit fused mode is refused).
 
 Controllers that steer the loss hand it batch inputs before each optimizer step's loss
 (:func:`~steadyrl.control.base.loss_inputs`): the adaptive entropy controller's coefficient ``entropy_coef``, a
@@ -163,7 +164,7 @@ class Learner:
         temperature: float = 1.0,
         ref_model: nn.Module | None = None,
         log: Callable[[str], None] = print,
-        grad_norms: GradNormsMode = "fused",
+        grad_norms: GradNormsMode | None = None,
         critic: CriticConfig | None = None,
         placement: Placement | None = None,
         proximal: Literal["current", "behavior_snapshot", "ewma"] = "current",
@@ -180,7 +181,6 @@ class Learner:
         self.temperature = temperature
         self.ref_model = ref_model
         self.log = log
-        self.grad_norms = grad_norms
         self.needs = set(required_inputs(method))
         if "ref_logp" in self.needs and ref_model is None:
             raise ValueError(f"method {method.name!r} has a reference KL term: pass ref_model")
@@ -197,6 +197,9 @@ class Learner:
         self._prev_keeper = next((c for c in self.controllers if getattr(c, "keeps_raw_prev", False)), None)
         self.term_keys = tuple(k for k in self.needs if k in VOCAB_TERMS)
         """Batch keys computed as vocabulary terms in the forward of ``logp`` (:mod:`steadyrl.train.vocab_terms`)."""
+        if grad_norms is None:  # fused, unless a vocabulary term needs the forward the fused pass would take
+            grad_norms = "ghost" if self.term_keys and "grad_sq_norms" in self.needs else "fused"
+        self.grad_norms: GradNormsMode = grad_norms
         if self.term_keys and "grad_sq_norms" in self.needs and grad_norms in FUSED_MODES:
             raise ValueError(
                 f"method {method.name!r} needs vocabulary terms ({', '.join(self.term_keys)}) from the forward of "

@@ -41,9 +41,9 @@ from tqdm.auto import tqdm
 from steadyrl.base.device import PARAM_DTYPES, Placement
 from steadyrl.base.seeding import generator
 from steadyrl.config.io import flatten
+from steadyrl.config.renamed import move_renamed
 from steadyrl.config.train import TrainConfig
 from steadyrl.control import build_controllers
-from steadyrl.methods.resolve import required_inputs
 from steadyrl.models import load_policy
 from steadyrl.rollout.scored import ScoredRollouts
 from steadyrl.rollout.tool_metrics import tool_metrics_from_rollouts
@@ -58,7 +58,6 @@ from steadyrl.train.log_sinks import TRACKER_FILES, open_trackers, require_track
 from steadyrl.train.metric_names import framework_names
 from steadyrl.train.metrics import METRICS_FILE, TB_DIR, TIMINGS_FILE, MetricsOffsets, MetricsWriter, read_metrics
 from steadyrl.train.plot import PLOT_FILE, write_plot
-from steadyrl.train.vocab_terms import VOCAB_TERMS
 
 CONFIG_FILE = "config.yaml"
 #: Files and directories a run writes in out_dir (what a fresh start replaces; nothing else there is touched).
@@ -242,7 +241,13 @@ def _say(message: str) -> None:
 
 
 def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    a, b = flatten(old, opaque=("options",)), flatten(new, opaque=("options",))
+    """Keys that differ between a checkpoint's config and this run's: the checkpoint's in the current key names (one
+    written before a key moved resumes), ``model.dtype`` compared as the dtype each loads the model in."""
+    a = flatten(move_renamed(dict(old), warn=False), opaque=("options",))
+    b = flatten(new, opaque=("options",))
+    for flat in (a, b):
+        if flat.get("model.dtype") is None and flat.get("precision") in PARAM_DTYPES:
+            flat["model.dtype"] = PARAM_DTYPES[flat["precision"]]
     changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     return [k for k in changed if not any(k == r or k.startswith(r + ".") for r in RESUMABLE_KEYS)]
 
@@ -328,15 +333,10 @@ class _Run:
         self.method = cfg.method.resolve()
         needs_ref = self.method.kl.type != "none"
         ref = copy.deepcopy(self.model).eval().requires_grad_(False) if needs_ref else None
-        # OPOB's norms come from the fused pass, unless the method also needs a vocabulary term (an entropy bonus,
-        # score centering) from the forward of logp, which that pass does not compute: then a separate ghost pass
-        needs = set(required_inputs(self.method))
-        separate = "grad_sq_norms" in needs and bool(needs & VOCAB_TERMS.keys())
         self.learner = Learner(
             model=self.model,
             method=self.method,
             controllers=build_controllers(self.method),
-            grad_norms="ghost" if separate else "fused",
             lr=cfg.lr,
             optim=cfg.optim,
             temperature=cfg.rollout.temperature,
