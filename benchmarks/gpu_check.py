@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,13 +142,15 @@ def device_name(device: torch.device) -> str:
 def warm_start_to_dir(size: Size, placement: Placement, *, task_cfg: Any, out: Path) -> dict[str, Any]:
     """Step 1: build, place and warm-start the model on ``placement``'s device; save it (and its tokenizer) in ``out``.
 
-    The warm start runs under the placement's autocast, as the RL run's forwards do.
+    The warm start's forwards run under the placement's autocast, as the RL run's do: one region per forward
+    (``warm_start(autocast=...)``); a region around the whole warm start would keep the first step's bf16 weights.
     """
     tokenizer = build_char_tokenizer()
     model = placement.place(build_tiny_model(size.arch, tokenizer=tokenizer, seed=SEED))
     task = build_task(task_cfg)
-    with placement.autocast():
-        report = warm_start(model, tokenizer, task=task, cfg=size.warm_start, seed=SEED, progress=False)
+    report = warm_start(
+        model, tokenizer, task=task, cfg=size.warm_start, seed=SEED, progress=False, autocast=placement.autocast
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     fields = {
@@ -263,8 +266,14 @@ def run_check(
     fields |= warm_start_to_dir(size, placement, task_cfg=MAIN_JOB_TASK, out=model_dir)
     if placement.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(placement.device)
+    print(f"[gpu_check] warm start: {fields['warm_start/steps']} steps in {fields['warm_start/seconds']:.1f} s, "
+          f"accuracy {fields['warm_start/accuracy']}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    status = train_main(train_overrides(size, device=device, model_dir=model_dir, out_dir=out_dir))
+    try:
+        status: int | str = train_main(train_overrides(size, device=device, model_dir=model_dir, out_dir=out_dir))
+    except Exception as exc:  # the items below still run: each is its own finding
+        traceback.print_exc()
+        status = f"{type(exc).__name__}: {exc}"
     fields["rl/seconds"] = time.perf_counter() - t0
     fields["rl/exit_status"] = status
     fields["rl/microbatch_tokens"] = size.microbatch_tokens
@@ -272,7 +281,9 @@ def run_check(
     fields["rl/peak_memory_gib"] = (
         torch.cuda.max_memory_allocated(placement.device) / 2**30 if placement.device.type == "cuda" else None
     )
-    fields |= summarize(read_metrics(out_dir / METRICS_FILE), rows=size.prompts_per_step * size.group_size)
+    metrics_file = out_dir / METRICS_FILE
+    records = read_metrics(metrics_file) if metrics_file.exists() else []
+    fields |= summarize(records, rows=size.prompts_per_step * size.group_size)
     fields["main_run_seconds"] = time.perf_counter() - wall0
     results = run_items(fields, size=size, device=device, model_dir=model_dir, work=work, only=items)
     fields["items"] = {r.name: {"passed": r.passed, "detail": r.detail} for r in results}
@@ -688,8 +699,9 @@ def main(argv: list[str] | None = None) -> int:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(fields, indent=2) + "\n")
         print(f"  written: {json_path}")
-    if fields["rl/exit_status"] != 0:
-        return int(fields["rl/exit_status"])
+    status = fields["rl/exit_status"]
+    if status != 0:
+        return status if isinstance(status, int) else 1
     return 1 if failed else 0
 
 

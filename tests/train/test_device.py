@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from steadyrl.base.device import DeviceError, Float32OutputLinear, Placement, resolve_device
+from steadyrl.base.device import AutocastSpansStepsError, DeviceError, Float32OutputLinear, Placement, resolve_device
 from steadyrl.base.seeding import generator
 from steadyrl.config.io import ConfigError, load_config
 from steadyrl.config.train import OptimConfig, TrainConfig
@@ -175,6 +175,29 @@ def test_gpu_runtime_sets_its_device_the_cublas_workspace_and_full_fp32_matmuls(
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 
+def test_device_cuda_without_an_index_names_the_current_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``device=cuda`` (and ``auto`` on a GPU machine) resolves to ``cuda:<current>``: ``torch.cuda.set_device``
+    refuses a device without an index (``steadyrl train device=cuda`` would stop there), and tensors
+    on a GPU always carry one, so ``tensor.device == placement.device`` holds."""
+
+    def set_device(device: torch.device | int) -> None:  # torch's own check, without a GPU
+        if isinstance(device, torch.device) and device.index is None:
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        calls.append(device)
+
+    calls: list[torch.device | int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    assert resolve_device("cuda") == torch.device("cuda:1") == resolve_device("auto")
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    placement = Placement.from_names("cuda", "bf16-mixed")
+    with placement.runtime(deterministic=False):
+        pass
+    assert calls == [torch.device("cuda:1")]
+
+
 def test_gpu_slots_spread_children_and_share_with_a_warning(monkeypatch) -> None:
     from steadyrl.base.device import GpuSlots
 
@@ -202,3 +225,22 @@ def test_concurrent_samplers_go_where_runtime_sampler_device_says(monkeypatch) -
     assert sampler_placement("cuda:1", learner=learner) == Placement(torch.device("cuda:1"), "bf16-mixed")
     with pytest.raises(DeviceError, match="2 GPU"):
         sampler_placement("cuda:2", learner=learner)
+
+
+def test_a_learner_step_inside_an_autocast_region_is_refused() -> None:
+    """Autocast keeps its bf16 copy of each weight until the outermost region closes: a region around the learner's
+    steps would run every update after the first on the first update's weights. The step refuses, before any update."""
+    placement = Placement.from_names("cpu", "bf16-mixed")
+    model = placement.place(_model())
+    tok = build_char_tokenizer()
+    with torch.no_grad(), placement.autocast():
+        rollouts = generate(model, tok, PROMPTS, group_size=4, max_new_tokens=5,
+                            generator=generator(0, device=placement.device), version=0)  # fmt: skip
+    spec = resolve_method("seq_tis")
+    learner = Learner(model=model, method=spec, controllers=build_controllers(spec), lr=1e-2, optim=OptimConfig(),
+                      placement=placement, log=lambda _: None)  # fmt: skip
+    before = [p.detach().clone() for p in model.parameters()]
+    with placement.autocast(), pytest.raises(AutocastSpansStepsError, match=r"Learner\.step"):
+        learner.step(rollouts, torch.tensor([1.0, 0.0, 0.0, 1.0] * len(PROMPTS)))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert learner.step(rollouts, torch.tensor([1.0, 0.0, 0.0, 1.0] * len(PROMPTS))).applied == 1  # outside: trains

@@ -54,11 +54,13 @@ class DeviceError(ValueError):
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` → ``cuda`` where a GPU is visible, else ``cpu``; ``cuda``/``cuda:N`` checked against this machine."""
+    """``auto`` → the current GPU where one is visible, else ``cpu``; ``cuda``/``cuda:N`` checked against this
+    machine. A GPU comes back with its index (``cuda`` → ``cuda:<current>``): tensors on a GPU always carry one, so
+    ``tensor.device == placement.device`` holds, and ``torch.cuda.set_device`` needs it."""
     if not DEVICE_PATTERN.match(name):
         raise DeviceError(f"device={name!r} is not one of auto, cpu, cuda, cuda:N")
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -66,6 +68,8 @@ def resolve_device(name: str) -> torch.device:
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise DeviceError(f"device={name!r} but this machine has {count} GPU(s) (cuda:0 … cuda:{count - 1})")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
@@ -197,7 +201,7 @@ class Placement:
         if self.device.type == "cuda":
             if deterministic and "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
                 os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
-            torch.cuda.set_device(self.device)
+            torch.cuda.set_device(self.device if self.device.index is not None else torch.cuda.current_device())
         torch.set_float32_matmul_precision("highest")
         torch.use_deterministic_algorithms(deterministic, warn_only=True)
         try:
@@ -205,6 +209,28 @@ class Placement:
         finally:
             torch.use_deterministic_algorithms(before_det, warn_only=before_warn)
             torch.set_float32_matmul_precision(before_matmul)
+
+
+class AutocastSpansStepsError(RuntimeError):
+    """Code that steps an optimizer was called inside an autocast region (:func:`refuse_outer_autocast`)."""
+
+
+def refuse_outer_autocast(device: torch.device, where: str, fix: str) -> None:
+    """Raise :class:`AutocastSpansStepsError` when an autocast region is open on ``device``'s type.
+
+    Autocast keeps the low-precision copy of each float32 parameter it casts until the outermost region closes
+    (``torch.autocast``'s weight-cast cache). A region that spans optimizer steps therefore runs every forward after
+    the first on the weights of the first: the gradients belong to stale weights, the loss barely moves, and the
+    saved weights differ from the ones the loss was computed with. Code that steps an optimizer opens a region around
+    each forward itself (:meth:`Placement.autocast`) and calls this first; ``fix`` says how to ask it for that.
+    Costs no device sync.
+    """
+    if torch.is_autocast_enabled(device.type):
+        raise AutocastSpansStepsError(
+            f"{where} was called inside torch.autocast({device.type!r}): autocast keeps its bf16 copy of every weight "
+            "until the outermost region closes, so every step after the first would run on the first step's "
+            f"weights. Call {where} outside autocast: {fix}."
+        )
 
 
 def to_device(state: Any, device: torch.device | str) -> Any:

@@ -46,6 +46,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from steadyrl.base.device import refuse_outer_autocast
 from steadyrl.core.masking import masked_mean
 from steadyrl.models.model_cache import build_once, cache_key, models_dir
 from steadyrl.models.tiny import TinyArchConfig, build_tiny_model
@@ -222,8 +223,14 @@ def warm_start(
     seed: int,
     progress: bool = True,
     on_progress: ProgressHook | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> WarmStartReport:
     """Train ``model`` in place on ``task``'s demonstrations until the sampled accuracy reaches the target.
+
+    ``autocast`` opens the mixed-precision region of one forward (e.g. ``Placement.autocast`` under ``bf16-mixed``):
+    each training forward and each accuracy measurement runs in a region of its own. Calling this inside an autocast
+    region raises instead (:func:`~steadyrl.base.device.refuse_outer_autocast`: autocast would keep the first step's
+    bf16 weights for every later step).
 
     Accuracy is measured every ``eval_every`` steps (and before the first step); training stops at the first
     measurement ≥ ``target_accuracy`` or after ``max_steps`` (the last step is always measured). A task with
@@ -231,11 +238,14 @@ def warm_start(
     :class:`~steadyrl.tools.SandboxPool`), as RL will sample it. Runs with ``cfg.threads`` torch threads (the
     caller's count is restored afterwards); ``on_progress`` sees every step (a sweep shows it, for instance).
     """
+    refuse_outer_autocast(
+        next(model.parameters()).device, "warm_start", "pass autocast=placement.autocast to run each forward under it"
+    )
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch_threads(cfg.threads))
         sandbox = stack.enter_context(SandboxPool()) if isinstance(task, ToolDemonstrations) else None
         return _warm_start(model, tokenizer, task=task, cfg=cfg, seed=seed, progress=progress, sandbox=sandbox,
-                           on_progress=on_progress)
+                           on_progress=on_progress, autocast=autocast)
 
 
 def _warm_start(
@@ -248,6 +258,7 @@ def _warm_start(
     progress: bool,
     sandbox: ToolRunner | None,
     on_progress: ProgressHook | None,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
 ) -> WarmStartReport:
     start = time.perf_counter()
     eval_set = task.problems("eval", cfg.eval_problems, seed=seed)
@@ -268,10 +279,11 @@ def _warm_start(
     )
 
     def measure(step: int) -> EvalPoint:
-        acc = sampled_accuracy(
-            model, tokenizer, task=task, problems=eval_set, max_new_tokens=eval_tokens,
-            temperature=cfg.eval_temperature, generator=eval_gen, tools=tools,
-        )
+        with autocast():
+            acc = sampled_accuracy(
+                model, tokenizer, task=task, problems=eval_set, max_new_tokens=eval_tokens,
+                temperature=cfg.eval_temperature, generator=eval_gen, tools=tools,
+            )
         return EvalPoint(step, acc, time.perf_counter() - start)
 
     report = on_progress or (lambda step, point: None)
@@ -287,7 +299,8 @@ def _warm_start(
         cursor += cfg.batch_size
         picked = TokenBatch(*(None if x is None else x[rows] for x in data))
         batch = TokenBatch(*(None if x is None else x.to(device) for x in trim_padding(picked)))
-        logp, _ = sequence_logprobs(model, batch)
+        with autocast():  # one region per forward: its bf16 weight casts are dropped before the step
+            logp, _ = sequence_logprobs(model, batch)
         loss = -masked_mean(logp, batch.response_mask)  # NLL of completion tokens (tool turns excluded), token-mean
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

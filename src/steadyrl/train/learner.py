@@ -70,7 +70,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from steadyrl.base.device import Placement, host_values, to_device
+from steadyrl.base.device import Placement, host_values, refuse_outer_autocast, to_device
 from steadyrl.config.critic import CriticConfig
 from steadyrl.config.train import OptimConfig, RacConfig
 from steadyrl.control.base import SKIP_STEP, Controller, grad_parts, loss_inputs, parts_like
@@ -279,8 +279,9 @@ class Learner:
         recompute): π_prox under ``proximal=behavior_snapshot`` (required then), and with any proximal the source of
         ``kl/discrepancy`` and ``kl/staleness``.
         """
-        self.model.train()
         device = self.placement.device
+        refuse_outer_autocast(device, "Learner.step", "it runs each forward under its placement's autocast itself")
+        self.model.train()
         rollouts, rewards = rollouts.to(device), rewards.to(device)
         old_logp = None if old_logp is None else old_logp.to(device)
         n_updates = self.optim_cfg.updates_per_batch * self.optim_cfg.minibatches
