@@ -20,6 +20,7 @@ from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.logprobs import sequence_logprobs
+from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
 from steadyrl.train import learner as learner_module
 from steadyrl.train.entry import main
@@ -82,15 +83,20 @@ def test_a_placed_model_pickles_and_copies_with_its_fp32_output_layer() -> None:
         assert other.state_dict().keys() == model.state_dict().keys()
 
 
+def _bf16_model_and_rollouts(placement: Placement) -> tuple[torch.nn.Module, Rollouts]:
+    """The tiny model placed under ``placement`` and 4 samples of each prompt drawn from it."""
+    model = placement.place(_model())
+    with torch.no_grad(), placement.autocast():
+        rollouts = generate(model, build_char_tokenizer(), PROMPTS, group_size=4, max_new_tokens=5,
+                            generator=generator(0, device=placement.device), version=0)  # fmt: skip
+    return model, rollouts
+
+
 @pytest.mark.parametrize("method", ["seq_tis", "vcpo", "copc"])
 def test_the_learner_sees_fp32_log_probs_under_bf16_mixed(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The log-probs handed to the loss (π_θ, π_prox, μ) are float32; the step trains (weights move, finite)."""
     placement = Placement.from_names("cpu", "bf16-mixed")
-    model = placement.place(_model())
-    tok = build_char_tokenizer()
-    with torch.no_grad(), placement.autocast():
-        rollouts = generate(model, tok, PROMPTS, group_size=4, max_new_tokens=5,
-                            generator=generator(0, device=placement.device), version=0)  # fmt: skip
+    model, rollouts = _bf16_model_and_rollouts(placement)
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0] * len(PROMPTS))
     seen: list[dict[str, torch.dtype]] = []
     real = learner_module.compute_loss
@@ -231,11 +237,7 @@ def test_a_learner_step_inside_an_autocast_region_is_refused() -> None:
     """Autocast keeps its bf16 copy of each weight until the outermost region closes: a region around the learner's
     steps would run every update after the first on the first update's weights. The step refuses, before any update."""
     placement = Placement.from_names("cpu", "bf16-mixed")
-    model = placement.place(_model())
-    tok = build_char_tokenizer()
-    with torch.no_grad(), placement.autocast():
-        rollouts = generate(model, tok, PROMPTS, group_size=4, max_new_tokens=5,
-                            generator=generator(0, device=placement.device), version=0)  # fmt: skip
+    model, rollouts = _bf16_model_and_rollouts(placement)
     spec = resolve_method("seq_tis")
     learner = Learner(model=model, method=spec, controllers=build_controllers(spec), lr=1e-2, optim=OptimConfig(),
                       placement=placement, log=lambda _: None)  # fmt: skip
