@@ -231,3 +231,30 @@ def test_masked_tool_tokens_change_neither_loss_nor_ess(
     loss3, ess3, _ = loss_and_ess(pack(logp, 0.0), pack(behav, 0.0), packed_mask, pack(r.versions, PAD_VERSION))
     torch.testing.assert_close(loss3, loss, atol=1e-12, rtol=0)
     torch.testing.assert_close(ess3, ess, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("record_entropy", [False, True])
+def test_one_host_read_per_decoded_token(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch, record_entropy: bool
+) -> None:
+    """The tool-call check reads each new token's text on the host: one read per decoded token (the tokens, log μ
+    and the entropies together), none per row. With the decode masks prepared (the GPU form) ``transformers`` adds
+    none per forward; the samples are those of the default form."""
+    from tests.rollout.test_lagged_reads import _counted_reads
+
+    def sample(budget: int, prepared: bool) -> Any:  # EOS only: the random model's rows run to the budget
+        return generate_multiturn(model, tokenizer, ["12+34=", "7*8="], group_size=3, sandbox=NoTools(), max_turns=1,
+                                  max_total_tokens=budget, generator=torch.Generator().manual_seed(5), version=0,
+                                  eos_token_ids=[tokenizer.eos_token_id], record_entropy=record_entropy,
+                                  prepared_masks=prepared)  # fmt: skip
+
+    counts = {}
+    for budget in (4, 16):
+        with _counted_reads(monkeypatch) as reads, torch.no_grad():
+            out = sample(budget, prepared=True)
+        counts[budget] = (len(reads), out.rollouts.response_ids.shape[1])
+    assert counts[16][1] - counts[4][1] == 12, counts  # twelve more tokens decoded ...
+    assert counts[16][0] - counts[4][0] <= 12, counts  # ... at most one more read each (6 rows)
+    ref, prepared = sample(16, prepared=False), sample(16, prepared=True)
+    assert torch.equal(ref.rollouts.response_ids, prepared.rollouts.response_ids)
+    torch.testing.assert_close(prepared.rollouts.behav_logp, ref.rollouts.behav_logp, atol=1e-5, rtol=0)

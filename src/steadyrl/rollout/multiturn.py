@@ -44,7 +44,7 @@ from steadyrl.rollout.distribution import SamplingParams, check_sampling_params,
 from steadyrl.rollout.distribution import sampling_log_probs as _sampling_log_probs
 from steadyrl.rollout.framing import encode_tool_text
 from steadyrl.rollout.rollouts import PAD_VERSION, TOOL_VERSION, Rollouts
-from steadyrl.rollout.sampler import cache_kwarg, encode_prompts, positions_from_mask, stop_token_ids
+from steadyrl.rollout.sampler import cache_kwarg, decode_mask, encode_prompts, positions_from_mask, stop_token_ids
 from steadyrl.rollout.scored import score_rollouts
 from steadyrl.rollout.tool_metrics import RowMetrics, tool_summary
 from steadyrl.tools.sandbox import ToolResult
@@ -226,6 +226,7 @@ def generate_multiturn(
     record_entropy: bool = False,
     eos_token_ids: Sequence[int] | None = None,
     before_forward: Callable[[], int] | None = None,
+    prepared_masks: bool | None = None,
 ) -> MultiTurnRollouts:
     """Sample ``group_size`` tool-using trajectories per prompt; N = ``len(prompts) * group_size`` rows.
 
@@ -237,6 +238,11 @@ def generate_multiturn(
         max_total_tokens: cap on a response's tokens, sampled and tool output together.
         max_tool_tokens: cap on the tokens of one tool output (its body is cut; the template stays).
         tool_format: call and output markers (default :class:`ToolCallFormat`).
+        prepared_masks: give each one-token decode step its 4-D attention mask ready-made
+            (:func:`~steadyrl.rollout.sampler.decode_mask`), so ``transformers`` does not read the padding mask on
+            the host at every forward: None (default) does so on a GPU; True forces it (tests). Each decoded token
+            then costs one host read, of the tokens, log μ and entropies together (the tool-call check reads the
+            text on the host).
 
     Returns:
         :class:`MultiTurnRollouts`; its ``rollouts.texts`` are whole transcripts (model and tool turns, no EOS).
@@ -267,6 +273,7 @@ def generate_multiturn(
                 model, tokenizer, active, params=params, fmt=fmt, max_total_tokens=max_total_tokens,
                 stop_ids=set(stop_ids), pad_id=pad_id, generator=generator, use_cache=use_cache,
                 record_entropy=record_entropy, before_forward=versions_of, device=device,
+                prepared_masks=device.type == "cuda" if prepared_masks is None else prepared_masks,
             )  # fmt: skip
         run_tool_calls(calls, last_turn=turn == max_turns, sandbox=sandbox, tokenizer=tokenizer, fmt=fmt,
                    max_tool_tokens=max_tool_tokens, max_total_tokens=max_total_tokens)  # fmt: skip
@@ -288,6 +295,7 @@ def _model_turn(
     record_entropy: bool,
     before_forward: Callable[[], int],
     device: torch.device,
+    prepared_masks: bool,
 ) -> list[tuple[TurnRow, str]]:
     """Sample one model turn for every row in ``rows``; returns the (row, code) of each row that closed a call."""
     contexts = [r.prompt + r.ids for r in rows]
@@ -308,14 +316,17 @@ def _model_turn(
     for t in range(max(budgets)):
         log_mu = _sampling_log_probs(logits, params=params)  # [A, V], log μ
         token = torch.multinomial(log_mu.exp(), 1, generator=generator).squeeze(-1)  # y_t ~ μ
-        logp = log_mu.gather(-1, token.unsqueeze(-1)).squeeze(-1).tolist()  # log μ(y_t)
-        entropy = entropy_from_log_probs(log_mu).tolist() if record_entropy else [0.0] * len(rows)
-        fed = token.clone()
+        values = [token.to(torch.float64), log_mu.gather(-1, token.unsqueeze(-1)).squeeze(-1).to(torch.float64)]
+        if record_entropy:
+            values.append(entropy_from_log_probs(log_mu).to(torch.float64))
+        host = torch.stack(values).tolist()  # the step's one host read: y_t, log μ(y_t) (and H(μ)), exact in float64
+        logp, entropy = host[1], host[2] if record_entropy else [0.0] * len(rows)
+        ended = torch.tensor(finished, device=device)
+        fed = token.masked_fill(ended, pad_id)  # ended rows are fed padding; their outputs are discarded
         for a, row in enumerate(rows):
             if finished[a]:
-                fed[a] = pad_id  # ended rows are fed padding; their outputs are discarded
                 continue
-            y = int(token[a])
+            y = int(host[0][a])
             row.append(y, sampled=True, logp=logp[a], version=logits_version, entropy=entropy[a])
             if y in stop_ids:
                 finished[a] = row.done = True
@@ -332,7 +343,8 @@ def _model_turn(
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
         logits_version = before_forward()
         if use_cache:  # feed only the new token at position context_len + t
-            out = model(input_ids=fed.unsqueeze(-1), attention_mask=mask.long(),
+            out = model(input_ids=fed.unsqueeze(-1),
+                        attention_mask=decode_mask(mask, model) if prepared_masks else mask.long(),
                         position_ids=(context_len + t).unsqueeze(-1), use_cache=True, logits_to_keep=1,
                         **cache_kw)  # fmt: skip
         else:  # recompute the whole sequence (reference path)
