@@ -159,6 +159,7 @@ def warm_start_to_dir(size: Size, placement: Placement, *, task_cfg: Any, out: P
         "warm_start/seconds": report.seconds,
         "warm_start/accuracy": report.accuracy,
         "warm_start/reached_target": report.reached_target,
+        "warm_start/history": " ".join(f"{p.step}:{p.accuracy:.3f}" for p in report.history),
     }
     del model
     gc.collect()
@@ -224,6 +225,8 @@ def summarize(records: Sequence[Mapping[str, Any]], *, rows: int) -> dict[str, A
         "rl/learn_s_mean": _mean(_values(timed_steps, "time/learn_s")),
         "rl/mismatch_s_mean": _mean(_values(timed_steps, "time/mismatch_s")),
         "rl/microbatches_mean": _mean(micro),
+        "rl/response_len_mean": _mean(_values(steps, "response/len_mean")),
+        "rl/truncated_mean": _mean(_values(steps, "response/truncated")),
         "rl/mismatch_kl_k3_mean": _mean(kl),
         "rl/mismatch_kl_k3_max": max(kl, default=None),
         "rl/mismatch_max_abs_dlogp_mean": _mean(dlogp),
@@ -339,7 +342,13 @@ def item_train(fields: Mapping[str, Any], size: Size, out_dir: Path) -> ItemResu
     rises = first is not None and last is not None and last > first
     ok = why is None and (rises or not size.accuracy_rises)
     rule = "finite steps, accuracy rises" if size.accuracy_rises else "finite steps (smoke size)"
-    return ItemResult("train", ok, f"{why or 'finite steps'}, eval acc {first} -> {last} (rule: {rule})")
+    seen = (f"warm start {fields.get('warm_start/accuracy')}, eval acc {first} -> {last}, responses "
+            f"{_round(fields.get('rl/response_len_mean'))} tokens ({_round(fields.get('rl/truncated_mean'))} cut)")
+    return ItemResult("train", ok, f"{why or 'finite steps'}; {seen} (rule: {rule})")
+
+
+def _round(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
 
 
 def item_resume(size: Size, *, device: str, model_dir: Path, work: Path, steps: int = 6, stop: int = 3) -> ItemResult:

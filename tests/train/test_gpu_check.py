@@ -21,6 +21,7 @@ NUMERIC = (
     "rl/learner_tokens_per_s", "rl/sampler_tokens_per_s", "rl/step_s_mean", "rl/microbatches_mean",
     "rl/mismatch_kl_k3_mean", "rl/mismatch_kl_k3_max", "rl/mismatch_max_abs_dlogp_mean",
     "rl/mismatch_max_abs_dlogp_max", "rl/eval_acc_first", "rl/eval_acc_last", "wall_seconds",
+    "rl/response_len_mean", "rl/truncated_mean",
 )  # fmt: skip
 
 
@@ -63,6 +64,7 @@ def test_cpu_smoke_run_prints_and_writes_every_field(gpu_check: ModuleType, smok
     assert fields["device"] == "cpu" and fields["precision"] == "bf16-mixed"
     assert fields["rl/peak_memory_gib"] is None and fields["device_name"].startswith("cpu")
     assert fields["parameters"] == 23_840  # hidden 32, 2 layers, MLP 64, 100 tied embeddings
+    assert fields["warm_start/history"].split()[0].startswith("0:")  # the accuracy before the first step, then each
     # the budget is below the batch's tokens, so the learner micro-batched; bf16 at lag 0 logs mismatch/* every step
     assert fields["rl/microbatches_mean"] > 1
     assert fields["rl/mismatch_steps"] == size.steps
