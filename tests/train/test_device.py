@@ -246,3 +246,11 @@ def test_a_learner_step_inside_an_autocast_region_is_refused() -> None:
         learner.step(rollouts, torch.tensor([1.0, 0.0, 0.0, 1.0] * len(PROMPTS)))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert learner.step(rollouts, torch.tensor([1.0, 0.0, 0.0, 1.0] * len(PROMPTS))).applied == 1  # outside: trains
+
+
+def test_the_autocast_check_passes_a_device_autocast_does_not_know() -> None:
+    from steadyrl.base.device import refuse_outer_autocast
+
+    refuse_outer_autocast(torch.device("meta"), "Learner.step", "")  # no region can be open on meta: no error
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(AutocastSpansStepsError):
+        refuse_outer_autocast(torch.device("cpu"), "Learner.step", "")

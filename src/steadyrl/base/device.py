@@ -225,7 +225,11 @@ def refuse_outer_autocast(device: torch.device, where: str, fix: str) -> None:
     each forward itself (:meth:`Placement.autocast`) and calls this first; ``fix`` says how to ask it for that.
     Costs no device sync.
     """
-    if torch.is_autocast_enabled(device.type):
+    try:
+        open_region = torch.is_autocast_enabled(device.type)
+    except RuntimeError:  # a device type autocast does not know (``meta``): no region can be open on it
+        open_region = False
+    if open_region:
         raise AutocastSpansStepsError(
             f"{where} was called inside torch.autocast({device.type!r}): autocast keeps its bf16 copy of every weight "
             "until the outermost region closes, so every step after the first would run on the first step's "
