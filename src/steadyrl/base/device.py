@@ -259,7 +259,20 @@ def host_values(values: Iterable[Tensor]) -> list[float]:
     The tensors are stacked on the device of the first one; each is moved there first, so scalars of a CPU
     bookkeeping tensor and of a GPU metric can be read together.
     """
-    items = [v.detach().reshape(()) for v in values]
+    return _stacked_to_host([v.detach().reshape(()) for v in values])
+
+
+def host_rows(values: Iterable[Tensor]) -> list[list[float]]:
+    """1-D tensors of one length as lists of Python floats, in one device-to-host read (as :func:`host_values`).
+
+    float64 holds every float32 value and every integer below 2⁵³ exactly, so token ids read back as exact integers
+    (``int(x)``) and log-probs as the float32 values they were.
+    """
+    return _stacked_to_host([v.detach() for v in values])
+
+
+def _stacked_to_host(items: list[Tensor]) -> list[Any]:
+    """``items`` (one shape) stacked in float64 on the first one's device, then read in one ``tolist``."""
     if not items:
         return []
     device = items[0].device

@@ -40,6 +40,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from steadyrl.base.device import host_rows
 from steadyrl.rollout.distribution import SamplingParams, check_sampling_params, entropy_from_log_probs
 from steadyrl.rollout.distribution import sampling_log_probs as _sampling_log_probs
 from steadyrl.rollout.framing import encode_tool_text
@@ -316,13 +317,13 @@ def _model_turn(
     for t in range(max(budgets)):
         log_mu = _sampling_log_probs(logits, params=params)  # [A, V], log μ
         token = torch.multinomial(log_mu.exp(), 1, generator=generator).squeeze(-1)  # y_t ~ μ
-        values = [token.to(torch.float64), log_mu.gather(-1, token.unsqueeze(-1)).squeeze(-1).to(torch.float64)]
+        values = [token, log_mu.gather(-1, token.unsqueeze(-1)).squeeze(-1)]  # y_t, log μ(y_t)
         if record_entropy:
-            values.append(entropy_from_log_probs(log_mu).to(torch.float64))
-        host = torch.stack(values).tolist()  # the step's one host read: y_t, log μ(y_t) (and H(μ)), exact in float64
+            values.append(entropy_from_log_probs(log_mu))  # H(μ)
+        host = host_rows(values)  # the step's one host read
         logp, entropy = host[1], host[2] if record_entropy else [0.0] * len(rows)
-        ended = torch.tensor(finished, device=device)
-        fed = token.masked_fill(ended, pad_id)  # ended rows are fed padding; their outputs are discarded
+        ended = torch.tensor(finished, device=device) if any(finished) else None
+        fed = token if ended is None else token.masked_fill(ended, pad_id)  # ended rows are fed padding (discarded)
         for a, row in enumerate(rows):
             if finished[a]:
                 continue
