@@ -65,6 +65,24 @@ def provenance() -> str:
     return f"{date}, commit {commit}, {platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} CPUs"
 
 
+def exact_norm_floor(rollouts) -> tuple[int, int, int]:
+    """Token passes of the model body in one learner step: (grpo, vcpo with its norm pass on the shared-prompt
+    forward, vcpo on the one-pass forward), padded shapes as they run (U distinct prompts of P positions, N rows of T).
+
+    A pass is one position through the body's matmuls: a forward, a backward to the inputs, or a weight gradient
+    (the three cost the same per Linear). GRPO's recompute forwards each prompt once per group and backpropagates
+    it once: 3 (U P + N T). VCPO's per-trajectory norms ‖∇θ log π(y_i)‖² need row i's own output gradients at the
+    prompt positions (its response reads the prompt's keys and values), so the backward to the inputs covers N P
+    prompt positions however the forward ran; the weight gradient is formed once from the stored pieces. Shared:
+    (U P + N T) + (N P + N T) + (U P + N T); one-pass: 3 N (P + T). The Gram sums of the norms come on top, so
+    these are lower bounds of the exact method's cost.
+    """
+    N, T = rollouts.response_ids.shape
+    P = rollouts.prompt_ids.shape[1]
+    U = int(torch.unique(rollouts.prompt_ids, dim=0).shape[0])
+    return 3 * (U * P + N * T), 2 * U * P + N * P + 3 * N * T, 3 * N * (P + T)
+
+
 def main() -> None:
     defaults = TrainConfig.model_fields
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -123,6 +141,9 @@ def main() -> None:
         seconds = statistics.median(times[name])
         print(f"{name:<22} {seconds * 1e3:>16.1f} {seconds / base:>11.2f}x {seconds / sample_s:>11.2f}x")
     print(f"{'sampling':<22} {sample_s * 1e3:>16.1f}   (generate, {args.max_new_tokens} new tokens, KV cache)")
+    grpo, shared, one_pass = exact_norm_floor(rollouts)
+    print(f"exact-norm floor (body token passes, Gram sums not counted): grpo {grpo}, vcpo shared-prompt {shared} "
+          f"({shared / grpo:.2f}x), one-pass {one_pass} ({one_pass / grpo:.2f}x)")
 
 
 if __name__ == "__main__":
