@@ -9,9 +9,10 @@ controllers, clipping, AdamW (:class:`steadyrl.train.learner.Learner`). Times ar
 after ``--warmup`` steps, the methods interleaved (one step of each in turn) so that load changes hit all alike;
 ratios are against the first method and against one sampling call of the same batch.
 
-A method may end in ``@fused`` (default), ``@fused_shared``, ``@ghost``, ``@vmap`` or ``@naive``: how the learner gets
-the per-trajectory gradient norms of VCPO's baseline (``Learner(grad_norms=...)``): fused into the step's own forward
-and backward (``fused_shared``: on the shared-prompt forward, each distinct prompt once), or a separate pass first
+A method may end in ``@fused_shared`` (the default), ``@fused``, ``@ghost``, ``@vmap`` or ``@naive``: how the learner
+gets the per-trajectory gradient norms of VCPO's baseline (``Learner(grad_norms=...)``): fused into the step's own
+forward and backward (``fused_shared``: on the shared-prompt forward, each distinct prompt once; ``fused``: every row's
+prompt forwarded), or a separate pass first
 (``naive`` = one backward per trajectory, the VCPO authors' micro-batch-1 method).
 
     .venv/bin/python benchmarks/learner_step.py [--threads 2] [--repeats 20] [--methods grpo,vcpo,vcpo@naive]
@@ -41,7 +42,7 @@ from steadyrl.tasks import build_task
 from steadyrl.train.learner import Learner
 from timing import timed
 
-DEFAULT_METHODS = "grpo,seq_tis,seq_tis+ess_lr,seq_tis+gac,vcpo,vcpo@fused_shared,vcpo@ghost,vcpo@naive"
+DEFAULT_METHODS = "grpo,seq_tis,seq_tis+ess_lr,seq_tis+gac,vcpo,vcpo@fused,vcpo@ghost,vcpo@naive"
 
 
 def provenance() -> str:
@@ -123,7 +124,7 @@ def main() -> None:
         learner = Learner(
             model=build_tiny_model(TinyArchConfig(), tokenizer=tokenizer, seed=0), method=spec,
             controllers=build_controllers(spec), lr=1e-4, optim=OptimConfig(), log=lambda _: None,
-            grad_norms=mode or "fused",
+            grad_norms=mode or None,
         )
         steps[name] = partial(learner.step, rollouts, rewards)
     # Interleaved: repeat r times every method once, so that a change of machine load hits all methods alike.

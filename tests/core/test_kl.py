@@ -124,6 +124,25 @@ def test_reference_kl_values_and_gradients(kind: str) -> None:
         assert 0 < clamped < n  # both branches exercised
 
 
+@pytest.mark.parametrize("convention", ["verl", "areal"])
+def test_k3_keeps_its_digits_for_tiny_log_ratios_in_float32(convention: str) -> None:
+    """k3 ≈ x²/2 for |x| ≪ 1: in float32 eˣ − x − 1 rounds eˣ to 1.2e-7 and loses every digit below |x| ~ 5e-4 (and
+    goes negative), and expm1(x) − x still loses 2ε/|x|; k3 stays within 1e-6 of the exact value and never below 0.
+    The reference is math.expm1(x) − x in float64 (cancellation error 4.4e-16/|x|, under 1e-9 here)."""
+    xs = [1e-6, -3e-6, 2e-5, -7e-5, 1e-4, -4e-4, 1e-3, -2e-3, 0.099, -0.0999, 0.1, -0.15, 0.7, -3.0]
+    sign = 1.0 if convention == "verl" else -1.0  # AReaL's k3 is e^{−x} − 1 + x
+    want = torch.tensor([[math.expm1(sign * x) - sign * x for x in xs]], dtype=torch.float64)
+    x32 = torch.tensor([xs], dtype=torch.float32)
+    mask = torch.ones_like(x32, dtype=torch.bool)
+    got = mismatch_kl(log_ratio=x32, mask=mask, convention=convention).k3
+    assert bool((got >= 0).all())
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0.0)
+    ref = reference_kl(logp=torch.zeros_like(x32), ref_logp=sign * x32, mask=mask, kind="k3").kl
+    torch.testing.assert_close(ref.double(), want, rtol=1e-6, atol=0.0)
+    got64 = mismatch_kl(log_ratio=torch.tensor([xs], dtype=torch.float64), mask=mask, convention=convention).k3
+    torch.testing.assert_close(got64, want, rtol=1e-9, atol=0.0)
+
+
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3", "abs", "low_var_kl"])
 def test_reference_kl_finite_grad_at_huge_log_ratio(kind: str) -> None:
     logp = torch.tensor([[0.0, -1000.0, 0.0]], requires_grad=True)

@@ -123,7 +123,7 @@ def test_opob_norms_with_a_vocabulary_term_take_the_separate_pass() -> None:
         Learner(model=model, method=spec, controllers=[], lr=0.0, optim=OptimConfig(), grad_norms="fused")
     assert Learner(model=model, method=spec, controllers=[], lr=0.0, optim=OptimConfig()).grad_norms == "ghost"
     assert Learner(model=model, method=resolve_method("vcpo"), controllers=[], lr=0.0,
-                   optim=OptimConfig()).grad_norms == "fused"  # fmt: skip
+                   optim=OptimConfig()).grad_norms == "fused_shared"  # fmt: skip
     grads, metrics = _grad("vcpo", {"entropy.coef": 0.01})
     assert all(torch.isfinite(g).all() for g in grads) and metrics["entropy/coef"] == 0.01
 

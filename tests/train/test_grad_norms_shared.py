@@ -19,6 +19,7 @@ from steadyrl.config.train import OptimConfig
 from steadyrl.control import build_controllers
 from steadyrl.methods import resolve_method
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
+from steadyrl.rollout.logprobs import _split_to_the_usual_count
 from steadyrl.rollout.rollouts import TokenBatch
 from steadyrl.rollout.sampler import generate
 from steadyrl.train.grad_norms import GhostPass, per_trajectory_grad_sq_norms
@@ -165,3 +166,39 @@ def test_learner_fused_shared_matches_fused(tokenizer) -> None:
     assert a.metrics["grad/per_traj_norm_mean"] == pytest.approx(b.metrics["grad/per_traj_norm_mean"], rel=1e-5)
     for x, y in zip(pa, pb, strict=True):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_a_prompt_drawn_by_two_groups_is_backpropagated_as_two_copies(tokenizer) -> None:
+    """Rows 0–1 and 4–5 share a prompt (two groups that drew one problem): as one prompt of 4 rows the pass would take
+    4 backwards through all prompts; cut into copies of the usual 2 rows it takes 2, and the norms stay exact."""
+    model = llama(tokenizer)
+    batch = grouped_batch(len(tokenizer))
+    rows = torch.tensor([0, 0, 1, 1, 0, 0])
+    batch = TokenBatch(batch.prompt_ids[rows], batch.prompt_mask[rows], batch.response_ids[:6],
+                       batch.response_mask[:6])  # fmt: skip
+    want = per_trajectory_grad_sq_norms(model, batch, method="naive")
+    with GhostPass(model, batch, share_prompts=True) as shared:
+        assert shared._prefill is not None
+        per_copy = torch.bincount(shared._prefill.inverse)
+        assert per_copy.tolist() == [2, 2, 2]  # three copies of two rows: two rank backwards, not four
+        assert_rel_close(shared.sq_norms(), want)
+
+
+def test_prompt_copies_keep_rows_with_their_prompt() -> None:
+    inverse = torch.tensor([0, 1, 0, 0, 1, 2, 2, 0, 1, 2, 0])  # counts 5, 3, 3: the usual count is 3
+    copies, n = _split_to_the_usual_count(inverse, 3)
+    assert n == 4 and sorted(set(copies.tolist())) == list(range(4))  # prompt 0 as copies of 3 and 2 rows
+    assert int(torch.bincount(copies).max()) == 3
+    owner = {int(c): int(u) for c, u in zip(copies, inverse, strict=True)}
+    assert all(owner[int(c)] == int(u) for c, u in zip(copies, inverse, strict=True))  # a copy holds one prompt
+    same, n = _split_to_the_usual_count(torch.tensor([1, 0, 1, 0]), 2)
+    assert n == 2 and same.tolist() == [1, 0, 1, 0]  # nothing above the usual count: unchanged
+
+
+def test_the_learner_shares_prompts_in_its_norm_pass_when_it_shares_them_in_its_forward() -> None:
+    model = build_tiny_model(TinyArchConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32),
+                             tokenizer=build_char_tokenizer(), seed=0)  # fmt: skip
+    spec = resolve_method("vcpo")
+    modes = [Learner(model=model, method=spec, controllers=[], lr=0.0, optim=OptimConfig(share_prompts=share),
+                     log=lambda _: None).grad_norms for share in (True, False)]  # fmt: skip
+    assert modes == ["fused_shared", "fused"]

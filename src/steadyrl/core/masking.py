@@ -88,6 +88,12 @@ def safe_exp(log_ratio: Tensor, bound: float = LOG_RATIO_CLAMP) -> Tensor:
     return clamp_log_ratio(log_ratio, bound).exp_()
 
 
+def safe_expm1(log_ratio: Tensor, bound: float = LOG_RATIO_CLAMP) -> Tensor:
+    """``expm1(clamp(log_ratio, ±bound))`` = r − 1 without the cancellation of forming r first (r − 1 keeps its
+    digits for |x| ≪ 1)."""
+    return clamp_log_ratio(log_ratio, bound).expm1_()
+
+
 def safe_exp_(log_ratio: Tensor, bound: float = LOG_RATIO_CLAMP) -> Tensor:
     """:func:`safe_exp` in place, for a fresh detached tensor the caller owns (no new [B, T] buffer); returns it."""
     return log_ratio.clamp_(min=-bound, max=bound).exp_()

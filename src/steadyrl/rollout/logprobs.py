@@ -457,8 +457,11 @@ def _shared_prompt_outputs(
     unique, inverse = torch.unique(key, dim=0, return_inverse=True)
     if unique.shape[0] == key.shape[0] or P == 0:
         return None
+    U, observer = unique.shape[0], _PREFILL_OBSERVER.get()
+    if observer is not None:  # the norm pass backpropagates once per rank: no prompt with more rows than usual
+        inverse, U = _split_to_the_usual_count(inverse, U)
     rows = torch.arange(key.shape[0], device=key.device)
-    first = torch.zeros(unique.shape[0], dtype=torch.long, device=key.device).scatter_(0, inverse, rows)  # one row each
+    first = torch.zeros(U, dtype=torch.long, device=key.device).scatter_(0, inverse, rows)  # one row each
     p_ids, p_mask = batch.prompt_ids[first], batch.prompt_mask.bool()[first]
     module = model if trunk is None else trunk
 
@@ -468,7 +471,6 @@ def _shared_prompt_outputs(
         return trunk(**kwargs).last_hidden_state[:, -keep:]
 
     cache = DynamicCache(config=model.config)
-    observer = _PREFILL_OBSERVER.get()
     if observer is not None and any(type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer)
                                     for layer in cache.layers):  # fmt: skip
         return None  # state beyond keys and values: the observer could not follow every row's gradient
@@ -500,6 +502,25 @@ def _shared_prompt_outputs(
         **{cache_kwarg(module): cache},
     )
     return torch.cat([first_out, out], dim=1)  # position P−1+t predicts response token t: [N, T, ·]
+
+
+def _split_to_the_usual_count(inverse: Tensor, U: int) -> tuple[Tensor, int]:
+    """(row → prompt copy [N], the number of copies): each prompt's rows cut into copies of at most g rows, g the most
+    common number of rows per prompt (the smaller one on a tie).
+
+    For the per-trajectory gradient-norm pass (:class:`steadyrl.train.grad_norms.GhostPass`), which backpropagates
+    once per rank within a prompt's rows: a prompt drawn by two groups of G would take 2G backwards of all U prompts
+    instead of G; as two copies of G rows it takes G, for one more prompt row in the forward. Copies get consecutive
+    ids; the function of the weights is unchanged (each copy is the same prompt). One host read (the count).
+    """
+    counts = torch.bincount(inverse, minlength=U)
+    g = torch.bincount(counts).argmax()  # the most common count
+    pieces = (counts + g - 1) // g
+    order = torch.argsort(inverse, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.empty_like(inverse)
+    rank[order] = torch.arange(inverse.numel(), device=inverse.device) - starts[inverse[order]]
+    return (torch.cumsum(pieces, 0) - pieces)[inverse] + rank // g, int(pieces.sum())
 
 
 def _token_logp(log_probs: Float[Tensor, "N T V"], batch: TokenBatchLike) -> Float[Tensor, "N T"]:

@@ -90,13 +90,15 @@ from steadyrl.train.microbatch import plan_microbatches, scatter_rows, take_rows
 from steadyrl.train.optim import build_optimizer
 from steadyrl.train.vocab_terms import VOCAB_TERMS, vocab_terms
 
-#: How the learner gets OPOB's per-trajectory squared gradient norms: ``fused`` (default) from the step's own forward
-#: and one backward (:class:`~steadyrl.train.grad_norms.GhostPass`), or a separate pass of
+#: How the learner gets OPOB's per-trajectory squared gradient norms: ``fused`` / ``fused_shared`` from the step's own
+#: forward and one backward (:class:`~steadyrl.train.grad_norms.GhostPass`), or a separate pass of
 #: :func:`~steadyrl.train.grad_norms.per_trajectory_grad_sq_norms` with that method before the usual forward/backward.
+#: The default (``grad_norms=None``) is ``fused_shared`` when ``optim.share_prompts`` is on (the default), else
+#: ``fused``.
 GradNormsMode = Literal["fused", "fused_shared"] | GradNormMethod
 #: The fused modes (the norms from the step's own forward); ``fused_shared`` runs that forward with each distinct prompt
 #: once (:class:`~steadyrl.train.grad_norms.GhostPass` ``share_prompts=True``: fewer forward FLOPs, one prompt backward
-#: per response rank; the same norms and gradient up to float rounding).
+#: per response rank; the same norms and gradient up to float rounding); ``fused`` forwards every row's prompt.
 FUSED_MODES: tuple[str, ...] = ("fused", "fused_shared")
 
 
@@ -197,8 +199,10 @@ class Learner:
         self._prev_keeper = next((c for c in self.controllers if getattr(c, "keeps_raw_prev", False)), None)
         self.term_keys = tuple(k for k in self.needs if k in VOCAB_TERMS)
         """Batch keys computed as vocabulary terms in the forward of ``logp`` (:mod:`steadyrl.train.vocab_terms`)."""
-        if grad_norms is None:  # fused, unless a vocabulary term needs the forward the fused pass would take
-            grad_norms = "ghost" if self.term_keys and "grad_sq_norms" in self.needs else "fused"
+        if grad_norms is None:  # fused (on the shared-prompt forward when the learner shares prompts), unless a
+            # vocabulary term needs the forward the fused pass would take
+            fused = "fused_shared" if optim.share_prompts else "fused"
+            grad_norms = "ghost" if self.term_keys and "grad_sq_norms" in self.needs else fused
         self.grad_norms: GradNormsMode = grad_norms
         if self.term_keys and "grad_sq_norms" in self.needs and grad_norms in FUSED_MODES:
             raise ValueError(
@@ -412,8 +416,7 @@ class Learner:
         if self.term_keys:
             norms = None
             if "grad_sq_norms" in self.needs:  # a separate pass (the fused one computes no vocabulary term)
-                norms = per_trajectory_grad_sq_norms(self.model, sub, method=self.grad_norms,  # type: ignore[arg-type]
-                                                     temperature=self.temperature)  # fmt: skip
+                norms = self._separate_norms(sub)
             terms = vocab_terms(self.method, self.term_keys, sub)
             out = sequence_logprob_terms(
                 self.model, sub, terms=terms, temperature=self.temperature, share_prompts=self.optim_cfg.share_prompts
@@ -426,12 +429,18 @@ class Learner:
         if "grad_sq_norms" not in self.needs:
             return self._logp(self.model, sub), None, None
         if self.grad_norms not in FUSED_MODES:  # a separate pass first (the benchmark's reference points)
-            norms = per_trajectory_grad_sq_norms(self.model, sub, method=self.grad_norms, temperature=self.temperature)
-            return self._logp(self.model, sub), norms, None
+            return self._logp(self.model, sub), self._separate_norms(sub), None
         share = self.grad_norms == "fused_shared"
         ghost = GhostPass(self.model, sub, temperature=self.temperature, share_prompts=share)
         # The loss sees a leaf copy of logp: its gradient ∂L/∂logp decides how the fused pass forms ∇θ L.
         return ghost.logp.detach().requires_grad_(), ghost.sq_norms(), ghost
+
+    def _separate_norms(self, batch: Rollouts) -> Tensor:
+        """OPOB's norms from a pass of their own (``grad_norms`` ``ghost``, ``vmap`` or ``naive``); ``ghost`` shares
+        prompts as the learner's forward does."""
+        return per_trajectory_grad_sq_norms(self.model, batch, method=self.grad_norms,  # type: ignore[arg-type]
+                                            temperature=self.temperature,
+                                            share_prompts=self.optim_cfg.share_prompts)  # fmt: skip
 
     @staticmethod
     def _fused_backward(ghost: GhostPass, loss: Tensor, logp: Tensor, mask: Tensor) -> bool:
@@ -554,9 +563,7 @@ class Learner:
                         logps.append((rows, g.logp.detach()))
                     continue
                 with self._forward_context(grad=True):
-                    n = per_trajectory_grad_sq_norms(
-                        self.model, mb, method=self.grad_norms, temperature=self.temperature
-                    )
+                    n = self._separate_norms(mb)
                 norms.append((rows, n.detach()))
             with self._forward_context(grad=False):
                 mb_logp, mb_hidden, mb_terms = self._micro_forward(mb, return_hidden=wants_hidden)
