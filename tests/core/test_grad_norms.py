@@ -140,3 +140,40 @@ def test_invalid_arguments() -> None:
         per_trajectory_grad_sq_norms(model, fn, mask[:, :4])
     with pytest.raises(ValueError, match=r"mask must be \[N, T\]"):
         per_trajectory_grad_sq_norms(model, fn, mask[0])
+
+
+class UntiedPolicy(ToyPolicy):
+    """The toy policy with its own output layer: the embedding's gradient is one-hot rows only."""
+
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__(vocab, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.embed.padding_idx = 0
+
+
+def test_an_untied_embedding_is_summed_per_token_not_materialized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows repeat ids (their gradient rows add up before the square) and hold padding (no gradient). Under ``auto``
+    the embedding's norm is a segment sum per (sample, id): neither the [N, V, C] gradient nor an S×S Gram."""
+    import steadyrl.core.grad_norms as core
+
+    torch.manual_seed(4)
+    vocab = 1000  # S·C + V·C < S²·(C + 1): the cost rule alone would materialize [N, V, C] here
+    model = UntiedPolicy(vocab, 4).double()
+    ids = torch.randint(1, 6, (4, 40))  # few distinct ids: every row repeats them
+    ids[1, :7] = 0  # padding_idx
+    mask = torch.arange(39).unsqueeze(0) < torch.tensor([39, 20, 5, 0]).unsqueeze(1)
+    want = reference(model, ids, mask)
+    embedding = model.embed.weight
+    original = core._materialize
+
+    def spy(c):  # type: ignore[no-untyped-def]
+        if isinstance(c, core._Outer) and c.indexed:
+            raise AssertionError(f"the embedding's [N, {c.rows}, C] gradient was materialized")
+        return original(c)
+
+    monkeypatch.setattr(core, "_materialize", spy)
+    got = per_trajectory_grad_sq_norms(model, lambda m: logprobs(m, ids), mask)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
+    only = per_trajectory_grad_sq_norms(model, lambda m: logprobs(m, ids), mask, ghost_strategy="gram")
+    torch.testing.assert_close(only, want, rtol=1e-10, atol=1e-14)
+    assert embedding.grad is None

@@ -27,7 +27,9 @@ learner's token batches):
     gradient; the cheaper one is chosen per parameter from the shapes (mixed ghost clipping, Bu et al.,
     arXiv 2205.10683: Gram form when roughly S² (out + in) < S·out·in).
   * ``nn.Embedding`` (ids ↦ E[ids]): ∇E_i = Σ_s onehot(id_{i,s}) e_{i,s}ᵀ, e the output gradient (rows at
-    ``padding_idx`` get no gradient, as in PyTorch). Gram form Σ_{s,t} [id_s = id_t] (e_s·e_t), or a scatter-add.
+    ``padding_idx`` get no gradient, as in PyTorch). Not tied to a Linear (``auto``): n_i = Σ_v ‖Σ_{s: id_s = v} e_s‖²,
+    a segment sum per (sample, id), O(S·C) a sample; tied, or forced: Gram form Σ_{s,t} [id_s = id_t] (e_s·e_t), or a
+    scatter-add into [N, V, C].
   * A parameter used more than once (**tied** input/output embeddings: ``embed_tokens`` and ``lm_head`` share one
     matrix; or a module called twice) has the per-sample gradient Σ_u G_{i,u}, so its squared norm is not the sum of
     the uses' norms: n = Σ_{u,v} ⟨G_u, G_v⟩ with the cross terms in Gram form, e.g. embedding × lm_head
@@ -528,6 +530,8 @@ def _param_sq_norm(
     """
     grams = {} if grams is None else grams
     outers = [c for c in parts if isinstance(c, _Outer)]
+    if strategy == "auto" and len(outers) == len(parts) and all(c.indexed for c in outers):
+        return _indexed_sq_norm(outers)  # an embedding not tied to a Linear: O(S·C), neither S² nor V·C
     use_gram = len(outers) == len(parts) and (
         strategy == "gram" or (strategy == "auto" and _gram_cost(outers) <= _materialize_cost(outers))
     )
@@ -539,6 +543,29 @@ def _param_sq_norm(
         return total
     G = sum(_materialize(c) for c in parts)  # Σ_u G_{i,u}: [N, numel]
     return G.square().sum(dim=1)
+
+
+def _indexed_sq_norm(parts: list[_Outer]) -> Tensor:
+    """‖Σ_u Σ_s onehot(id_{i,s}) e_{i,s}ᵀ‖² per sample for contributions that are all one-hot (an embedding's calls).
+
+    Row v of sample i's gradient is Σ_{s: id_{i,s} = v} e_{i,s}, so n_i = Σ_v ‖Σ_{s: id_{i,s} = v} e_{i,s}‖²: a segment
+    sum over the sorted (sample, id) keys, then squares. Memory and work O(N·S·C), against the Gram form's N·S²·C and
+    the materialized [N, V, C] (2 GiB a sample at V = 128k, C = 4096). No host read: the segments are counted in a
+    buffer of N·S rows, the unused ones staying 0.
+    """
+    ids = torch.cat([c.u for c in parts], dim=1)  # [N, S]: every call's ids
+    e = torch.cat([c.w for c in parts], dim=1)  # [N, S, C] (0 at padding_idx)
+    (N, S), C, V = ids.shape, e.shape[2], parts[0].rows
+    rows = torch.arange(N, device=ids.device).unsqueeze(1)
+    key = (rows * V + ids).reshape(-1)  # (sample, id) as one int64
+    order = torch.argsort(key)
+    sorted_key = key[order]
+    starts = torch.ones_like(sorted_key, dtype=torch.bool)
+    starts[1:] = sorted_key[1:] != sorted_key[:-1]
+    segment = torch.cumsum(starts, 0) - 1  # [N·S]: the (sample, id) each sorted position sums into
+    sums = e.new_zeros(N * S, C).index_add_(0, segment, e.reshape(N * S, C)[order])
+    owner = torch.zeros(N * S, dtype=torch.long, device=ids.device).scatter_(0, segment, sorted_key // V)
+    return e.new_zeros(N).index_add_(0, owner, sums.square().sum(dim=1))
 
 
 def _bmm_t(x: Tensor, y: Tensor, cache: dict[tuple[Any, ...], Tensor]) -> Tensor:
