@@ -78,6 +78,7 @@ from steadyrl.core.advantages.rac import rac_corrections
 from steadyrl.core.gradient_alignment import grad_cosine
 from steadyrl.core.masking import masked_mean, seq_log_ratio, where_masked
 from steadyrl.core.proximal import ewma_update_, mismatch_split
+from steadyrl.core.vocab_chunks import DEFAULT_CHUNK_ELEMENTS
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec
@@ -96,6 +97,10 @@ from steadyrl.train.vocab_terms import VOCAB_TERMS, vocab_terms
 #: The default (``grad_norms=None``) is ``fused_shared`` when ``optim.share_prompts`` is on (the default), else
 #: ``fused``.
 GradNormsMode = Literal["fused", "fused_shared"] | GradNormMethod
+#: The most logits OPOB's norm pass holds at once (rows × (prompt + response) × vocabulary; the chunked head's budget,
+#: :data:`~steadyrl.core.vocab_chunks.DEFAULT_CHUNK_ELEMENTS`): past it the pass runs per micro-batch
+#: (:meth:`Learner._norm_plan`; metric ``train/norm_microbatches``).
+NORM_PASS_LOGITS: int = DEFAULT_CHUNK_ELEMENTS
 #: The fused modes (the norms from the step's own forward); ``fused_shared`` runs that forward with each distinct prompt
 #: once (:class:`~steadyrl.train.grad_norms.GhostPass` ``share_prompts=True``: fewer forward FLOPs, one prompt backward
 #: per response rank; the same norms and gradient up to float rounding); ``fused`` forwards every row's prompt.
@@ -358,6 +363,27 @@ class Learner:
         plan = plan_microbatches(batch, budget)
         return None if len(plan) == 1 else plan
 
+    def _norm_plan(self, batch: Rollouts) -> list[Tensor] | None:
+        """Row sets for OPOB's norm pass when it would hold more than :data:`NORM_PASS_LOGITS` logits (None: the
+        step's own plan does).
+
+        The ghost pass records the output layer's call, so its forward runs the direct head: the layer's whole
+        ``[n, T, V]`` output and its gradient are held, not one vocabulary chunk. Past the budget (rows × width ×
+        V, width = prompt + response positions) the pass runs per micro-batch, as under ``optim.microbatch_tokens``;
+        the rest of the step keeps its own plan (its forward runs the chunked head).
+        """
+        if "grad_sq_norms" not in self.needs or self.grad_norms not in (*FUSED_MODES, "ghost"):
+            return None
+        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+        if head is None:
+            return None
+        budget = max(1, NORM_PASS_LOGITS // int(head.weight.shape[0]))
+        user = self.optim_cfg.microbatch_tokens
+        N, width = batch.prompt_ids.shape[0], batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
+        if N * width <= budget or (user is not None and user <= budget):
+            return None
+        return plan_microbatches(batch, budget)
+
     @contextlib.contextmanager
     def _forward_context(self, *, grad: bool) -> Iterator[None]:
         with torch.set_grad_enabled(grad), self.placement.autocast():
@@ -585,17 +611,21 @@ class Learner:
         return logp, norm, hidden, terms
 
     def _micro_backward(
-        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], plan: Sequence[Tensor]
-    ) -> tuple[Mapping[str, Tensor], dict[str, Tensor], dict[str, float], Tensor]:
+        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], plan: Sequence[Tensor], *,
+        values_plan: Sequence[Tensor] | None = None,
+    ) -> tuple[Mapping[str, Tensor], dict[str, Tensor], dict[str, float], Tensor]:  # fmt: skip
         """Steps 2–3 of :mod:`steadyrl.train.microbatch`: the full-batch loss on leaf log-probs, then per
         micro-batch ``backward(∂L/∂logp)`` (and ∂L/∂hidden for a critic that trains the trunk); returns as
-        :meth:`_full_backward`."""
-        logp_values, norms, hidden_values, term_values = self._micro_values(sub, plan, extras)
+        :meth:`_full_backward`. ``values_plan``: step 1's own row sets (OPOB's norm pass, :meth:`_norm_plan`);
+        None: ``plan``."""
+        logp_values, norms, hidden_values, term_values = self._micro_values(sub, values_plan or plan, extras)
         logp = logp_values.requires_grad_()
         hidden = None if hidden_values is None else hidden_values.requires_grad_()
         terms = {k: v.requires_grad_() for k, v in term_values.items()}
         loss, loss_metrics, metrics = self._loss(sub, rewards, {**extras, **terms}, logp, norms, hidden)
         host = {"train/microbatches": float(len(plan))}
+        if values_plan is not None:
+            host["train/norm_microbatches"] = float(len(values_plan))
         loss.backward()  # ∂L/∂logp, ∂L/∂hidden, ∂L/∂term into the leaves; the critic head's own gradient into .grad
         a, gh = logp.grad, None if hidden is None else hidden.grad
         g_terms = {k: v.grad for k, v in terms.items() if v.grad is not None}
@@ -657,11 +687,14 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic.zero_grad()
-        plan = self._plan(sub)
-        if plan is None:
+        plan, norm_plan = self._plan(sub), self._norm_plan(sub)
+        if plan is None and norm_plan is None:
             loss_metrics, tensors, metrics, loss = self._full_backward(sub, rewards, extras)
         else:
-            loss_metrics, tensors, metrics, loss = self._micro_backward(sub, rewards, extras, plan)
+            every = [torch.arange(sub.response_ids.shape[0], device=sub.response_ids.device)]
+            loss_metrics, tensors, metrics, loss = self._micro_backward(
+                sub, rewards, extras, plan or every, values_plan=norm_plan
+            )
         metrics["train/skipped"] = 0.0
         if rac is not None:  # the late rewards' correction joins this step's gradient
             tensors |= self._rac_backward(rac)
