@@ -177,3 +177,28 @@ def test_an_untied_embedding_is_summed_per_token_not_materialized(monkeypatch: p
     only = per_trajectory_grad_sq_norms(model, lambda m: logprobs(m, ids), mask, ghost_strategy="gram")
     torch.testing.assert_close(only, want, rtol=1e-10, atol=1e-14)
     assert embedding.grad is None
+
+
+@pytest.mark.parametrize("strategy", ["auto", "gram", "materialize"])
+def test_norm_sums_run_in_row_chunks_that_fit_their_budget(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the element budget patched down to nothing, every chunk is one row: each batched product of the sums has
+    one sample (no S×S or V×C tensor for the whole batch), and the norms are the reference's."""
+    import steadyrl.core.grad_norms as core
+
+    model, ids, mask = setup(5)
+    want = reference(model, ids, mask)
+    monkeypatch.setattr(core, "NORM_SUM_ELEMENTS", 1)
+    samples: list[int] = []
+    real_bmm = torch.bmm
+
+    def bmm(a: Tensor, b: Tensor) -> Tensor:
+        samples.append(a.shape[0])
+        return real_bmm(a, b)
+
+    with GhostPass(model, lambda m: logprobs(m, ids), mask, strategy=strategy) as ghost:
+        ghost._record()
+        monkeypatch.setattr(torch, "bmm", bmm)
+        got = ghost.sq_norms()
+        monkeypatch.setattr(torch, "bmm", real_bmm)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
+    assert samples and set(samples) == {1}, samples

@@ -202,3 +202,17 @@ def test_the_learner_shares_prompts_in_its_norm_pass_when_it_shares_them_in_its_
     modes = [Learner(model=model, method=spec, controllers=[], lr=0.0, optim=OptimConfig(share_prompts=share),
                      log=lambda _: None).grad_norms for share in (True, False)]  # fmt: skip
     assert modes == ["fused_shared", "fused"]
+
+
+def test_shared_prompt_norms_in_row_chunks(tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row a chunk (budget patched down): the shared prompts' Gram matrices are taken per chunk, the row map
+    sliced with them, and the norms stay the per-row reference's."""
+    import steadyrl.core.grad_norms as core
+
+    model = llama(tokenizer, tied=False)
+    batch = grouped_batch(len(tokenizer))
+    want = per_trajectory_grad_sq_norms(model, batch, method="naive")
+    monkeypatch.setattr(core, "NORM_SUM_ELEMENTS", 1)
+    with GhostPass(model, batch, share_prompts=True) as shared:
+        assert shared._prefill is not None
+        assert_rel_close(shared.sq_norms(), want)

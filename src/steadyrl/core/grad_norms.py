@@ -79,6 +79,9 @@ GhostStrategy = Literal["auto", "gram", "materialize"]
 CORE_GRAD_NORM_METHODS: tuple[str, ...] = get_args(CoreGradNormMethod)
 GHOST_STRATEGIES: tuple[str, ...] = get_args(GhostStrategy)
 
+#: The most elements the per-sample norm sums hold at once (:meth:`GhostPass.sq_norms`: Gram matrices cached across
+#: parameters, or materialized per-sample gradients, of one chunk of rows; at least one row): 2^26, 256 MiB in float32.
+NORM_SUM_ELEMENTS: int = 2**26
 #: Float dtypes the Gram sums run in as they are; others (bf16, fp16) are upcast to float32 first.
 _FULL_PRECISION = (torch.float32, torch.float64)
 
@@ -344,13 +347,24 @@ class GhostPass:
         return self._contributions
 
     def sq_norms(self) -> Tensor:
-        """n_i = ‖∇_θ ℓ_i‖² ``[N]`` (detached; float32, or the parameters' float64), computed once."""
+        """n_i = ‖∇_θ ℓ_i‖² ``[N]`` (detached; float32, or the parameters' float64), computed once.
+
+        Rows are summed in chunks whose Gram matrices (cached across parameters) or materialized per-sample gradients
+        hold at most :data:`NORM_SUM_ELEMENTS` elements (at least one row a chunk): the sums never hold S×S per row
+        for every layer of the whole batch at once.
+        """
         if self._norms is None:
             dtype = _result_dtype(self.model)
             total = torch.zeros(self.N, dtype=dtype, device=self.logp.device)
-            grams: dict[tuple[Any, ...], Tensor] = {}  # a shared input (of q/k/v, of gate/up) has one Gram matrix
-            for parts in self._record().values():
-                total = total + _param_sq_norm(parts, self.strategy, grams).to(dtype)
+            contributions = list(self._record().values())
+            step = max(1, NORM_SUM_ELEMENTS // max(1, _per_row_elements(contributions, self.strategy)))
+            for start in range(0, self.N, step):
+                rows = slice(start, min(self.N, start + step))
+                grams: dict[tuple[Any, ...], Tensor] = {}  # a shared input (of q/k/v, of gate/up): one Gram matrix
+                groups: dict[int, Tensor] = {}  # one slice per shared row map (the Gram-per-group path needs it)
+                for parts in contributions:
+                    chunk = [_row_slice(c, rows, groups) for c in parts]
+                    total[rows] += _param_sq_norm(chunk, self.strategy, grams).to(dtype)
             self._norms = total.detach()
         return self._norms
 
@@ -359,7 +373,7 @@ class GhostPass:
         if tuple(coef.shape) != (self.N,):
             raise ValueError(f"coef has shape {tuple(coef.shape)}, expected {(self.N,)}")
         coef = coef.detach()
-        scaled: dict[tuple[Any, ...], Tensor] = {}  # c_i x_{i,s} per stored tensor (q/k/v share inputs)
+        scaled = _RecentFactors()  # c_i x_{i,s} of the last few stored tensors (q/k/v share inputs, gate/up too)
         for key, parts in self._record().items():
             param = self._params[key]
             total = sum(_weighted_sum(c, coef, scaled) for c in parts)
@@ -370,6 +384,53 @@ class GhostPass:
         """Backpropagate ∂L/∂logp ``[N, T]`` through the kept graph into ``.grad`` (the general case, step 4)."""
         if self.logp.requires_grad:
             torch.autograd.backward(self.logp, grad_tensors=grad_logp.detach().to(self.logp.dtype))
+
+
+class _RecentFactors(dict):
+    """The scaled factors of :meth:`GhostPass.accumulate_grad`, keeping only the :data:`RECENT` newest: parameters
+    that share an input (q/k/v, gate/up) come one after another, so older ones are not asked for again, and the
+    weighted sums never hold a scaled copy of every layer's activations."""
+
+    RECENT = 4
+
+    def __setitem__(self, key: Any, value: Tensor) -> None:
+        super().__setitem__(key, value)
+        while len(self) > self.RECENT:
+            del self[next(iter(self))]
+
+
+def _row_slice(c: _Contribution, rows: slice, groups: dict[int, Tensor]) -> _Contribution:
+    """Samples ``rows`` of a contribution (views; a shared factor stays whole, its row map sliced once per map)."""
+    if isinstance(c, _Dense):
+        return _Dense(c.g[rows], c.exact)
+    if c.group is None:
+        return _Outer(u=c.u[rows], w=c.w[rows], rows=c.rows)
+    if id(c.group) not in groups:
+        groups[id(c.group)] = c.group[rows]
+    return _Outer(u=c.u[rows], w=c.w, rows=c.rows, group=groups[id(c.group)])
+
+
+def _per_row_elements(contributions: Sequence[list[_Contribution]], strategy: str) -> int:
+    """Elements the norm sums hold per sample: every Gram matrix (cached for the whole pass) plus the largest
+    transient (a Gram product, a materialized per-sample gradient, an embedding's segment sums)."""
+    cached = transient = 0
+    for parts in contributions:
+        outers = [c for c in parts if isinstance(c, _Outer)]
+        if strategy == "auto" and len(outers) == len(parts) and all(c.indexed for c in outers):
+            transient = max(transient, 2 * sum(c.w.shape[1] for c in outers) * outers[0].w.shape[2])
+        elif _uses_gram(parts, outers, strategy):
+            pairs = [a.w.shape[1] * b.w.shape[1] for j, a in enumerate(outers) for b in outers[j:]]
+            cached += sum(pairs)
+            transient = max(transient, 2 * max(pairs))
+        else:
+            transient = max(transient, sum(_numel_per_row(c) for c in parts))
+    return cached + transient
+
+
+def _numel_per_row(c: _Contribution) -> int:
+    if isinstance(c, _Dense):
+        return c.g[0].numel() if c.g.shape[0] else 0
+    return c.rows * c.w.shape[2]
 
 
 def _weighted_sum(c: _Contribution, coef: Tensor, cache: dict[tuple[Any, ...], Tensor]) -> Tensor:
@@ -532,10 +593,7 @@ def _param_sq_norm(
     outers = [c for c in parts if isinstance(c, _Outer)]
     if strategy == "auto" and len(outers) == len(parts) and all(c.indexed for c in outers):
         return _indexed_sq_norm(outers)  # an embedding not tied to a Linear: O(S·C), neither S² nor V·C
-    use_gram = len(outers) == len(parts) and (
-        strategy == "gram" or (strategy == "auto" and _gram_cost(outers) <= _materialize_cost(outers))
-    )
-    if use_gram:
+    if _uses_gram(parts, outers, strategy):
         total = sum(_outer_inner(a, a, grams) for a in outers)  # Σ_u ‖G_u‖²
         for j, a in enumerate(outers):
             for b in outers[j + 1 :]:
@@ -543,6 +601,13 @@ def _param_sq_norm(
         return total
     G = sum(_materialize(c) for c in parts)  # Σ_u G_{i,u}: [N, numel]
     return G.square().sum(dim=1)
+
+
+def _uses_gram(parts: list[_Contribution], outers: list[_Outer], strategy: str) -> bool:
+    """Whether a parameter's norm takes the Gram form (``gram``; ``auto``: when it costs no more than materializing)."""
+    return len(outers) == len(parts) and (
+        strategy == "gram" or (strategy == "auto" and _gram_cost(outers) <= _materialize_cost(outers))
+    )
 
 
 def _indexed_sq_norm(parts: list[_Outer]) -> Tensor:
