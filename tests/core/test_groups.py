@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from steadyrl.core.groups import group_count, group_logsumexp, group_mean, group_std, group_sum
+from steadyrl.core.groups import group_count, group_logsumexp, group_mean, group_std, group_sum, rank_in_group
 
 
 def test_group_reductions_match_loop() -> None:
@@ -29,3 +29,8 @@ def test_group_logsumexp_is_finite_for_huge_values() -> None:
     out = group_logsumexp(x, group_ids=ids)
     assert torch.isfinite(out).all()
     assert torch.allclose(out[0], torch.logsumexp(x[:2], 0))
+
+
+def test_rank_in_group_counts_members_in_batch_order() -> None:
+    ids = torch.tensor([2, 0, 2, 2, 0, 1])
+    assert rank_in_group(ids).tolist() == [0, 0, 1, 2, 1, 0]

@@ -50,3 +50,14 @@ def group_logsumexp(x: Float[Tensor, " B"], *, group_ids: Int[Tensor, " B"]) -> 
     shift = gmax[group_ids].detach()
     shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
     return torch.log(group_sum(torch.exp(x - shift), group_ids=group_ids)) + shift
+
+
+def rank_in_group(group_ids: Int[Tensor, " B"]) -> Int[Tensor, " B"]:
+    """Each member's position among its group's members, in batch order (0 for the first): [B], no host sync."""
+    B = group_ids.shape[0]
+    counts = torch.bincount(group_ids, minlength=B)
+    order = torch.argsort(group_ids, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.empty_like(group_ids)
+    rank[order] = torch.arange(B, device=group_ids.device) - starts[group_ids[order]]
+    return rank

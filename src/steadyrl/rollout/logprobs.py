@@ -55,6 +55,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from steadyrl.base.device import Float32OutputLinear
 from steadyrl.core.advantages.otb import sum_squared_probs
 from steadyrl.core.entropy import entropy_term
+from steadyrl.core.groups import rank_in_group
 from steadyrl.core.vocab_chunks import DEFAULT_CHUNK_ELEMENTS, VocabTerm, chunk_tokens_for, chunked_log_probs
 from steadyrl.rollout.distribution import SamplingParams, entropy_from_log_probs, sampling_log_probs
 from steadyrl.rollout.rollouts import TokenBatchLike, attention_mask
@@ -516,11 +517,7 @@ def _split_to_the_usual_count(inverse: Tensor, U: int) -> tuple[Tensor, int]:
     counts = torch.bincount(inverse, minlength=U)
     g = torch.bincount(counts).argmax()  # the most common count
     pieces = (counts + g - 1) // g
-    order = torch.argsort(inverse, stable=True)
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.empty_like(inverse)
-    rank[order] = torch.arange(inverse.numel(), device=inverse.device) - starts[inverse[order]]
-    return (torch.cumsum(pieces, 0) - pieces)[inverse] + rank // g, int(pieces.sum())
+    return (torch.cumsum(pieces, 0) - pieces)[inverse] + rank_in_group(inverse) // g, int(pieces.sum())
 
 
 def _token_logp(log_probs: Float[Tensor, "N T V"], batch: TokenBatchLike) -> Float[Tensor, "N T"]:

@@ -39,6 +39,7 @@ from torch.func import functional_call, grad, vmap
 
 from steadyrl.core import grad_norms as core
 from steadyrl.core.grad_norms import GHOST_STRATEGIES, GhostStrategy, masked_row_sums
+from steadyrl.core.groups import rank_in_group
 from steadyrl.rollout.distribution import TOP_K_OFF, TOP_P_OFF
 from steadyrl.rollout.logprobs import SharedPrefill, observe_shared_prefill, sequence_logprobs
 from steadyrl.rollout.rollouts import TokenBatch, TokenBatchLike, context_mask, trim_padding
@@ -233,10 +234,7 @@ def _group_slots(inverse: Tensor, U: int) -> tuple[Tensor, Tensor]:
     """(slots [G_max, U]: the row that is the k-th of prompt u's group, or −1; rank [N]: each row's k)."""
     N = inverse.numel()
     counts = torch.bincount(inverse, minlength=U)
-    order = torch.argsort(inverse, stable=True)
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.empty_like(inverse)
-    rank[order] = torch.arange(N, device=inverse.device) - starts[inverse[order]]
+    rank = rank_in_group(inverse)
     slots = torch.full((int(counts.max()), U), -1, dtype=torch.long, device=inverse.device)  # one host read
     slots[rank, inverse] = torch.arange(N, device=inverse.device)
     return slots, rank
