@@ -293,7 +293,8 @@ class OptimConfig(_Section):
         description="Token budget of one forward/backward "
         "(rows × padded prompt+response length); the optimizer step's batch is "
         "split into micro-batches that fit and the gradient is accumulated exactly "
-        "(steadyrl.train.microbatch; docs/scale.md). None: one pass.",
+        "(steadyrl.train.microbatch; docs/scale.md). None: one pass. VCPO/OPOB's "
+        "gradient-norm pass splits itself further past 2^26 logits (rows × length × vocabulary).",
     )
     share_prompts: bool = Field(
         True,
