@@ -194,11 +194,10 @@ def test_a_critic_that_trains_the_trunk_gets_its_hidden_state_gradient_through_t
 
 @pytest.mark.parametrize("optim", [{}, {"microbatch_tokens": 10_000}])
 def test_opobs_norm_pass_is_split_where_its_logits_pass_the_budget(model64, batch, monkeypatch, optim) -> None:
-    """The ghost pass holds its output layer's whole [n, T, V] output: with the logit budget patched down it runs
-    per micro-batch of at most that many logits (rows × width × V), while the rest of the step keeps one pass (or
-    the user's micro-batches); the gradient equals the one-pass gradient to 1e-10."""
+    """The ghost pass holds its output layer's whole [n, T, V] output: with ``optim.norm_pass_logits`` at three rows'
+    worth it runs per micro-batch of at most that many logits (rows × width × V), while the rest of the step keeps one
+    pass (or the user's micro-batches); the gradient equals the one-pass gradient to 1e-10."""
     import steadyrl.train.grad_norms as grad_norms_mod
-    import steadyrl.train.learner as learner_mod
 
     full, _ = _raw_grad(model64, "vcpo", batch)
     vocab = model64.get_output_embeddings().weight.shape[0]
@@ -211,9 +210,8 @@ def test_opobs_norm_pass_is_split_where_its_logits_pass_the_budget(model64, batc
         seen.append(mb.response_ids.shape[0] * (mb.prompt_ids.shape[1] + mb.response_ids.shape[1]) * vocab)
         real(self, model, mb, **kw)
 
-    monkeypatch.setattr(learner_mod, "NORM_PASS_LOGITS", budget)
     monkeypatch.setattr(grad_norms_mod.GhostPass, "__init__", spy)
-    split, metrics = _raw_grad(model64, "vcpo", batch, **optim)
+    split, metrics = _raw_grad(model64, "vcpo", batch, norm_pass_logits=budget, **optim)
     n = batch[0].response_ids.shape[0]
     assert len(seen) >= n // 3 and max(seen) <= budget, seen
     assert metrics["train/norm_microbatches"] == len(seen) and metrics["train/microbatches"] == 1

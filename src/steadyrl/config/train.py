@@ -294,7 +294,17 @@ class OptimConfig(_Section):
         "(rows × padded prompt+response length); the optimizer step's batch is "
         "split into micro-batches that fit and the gradient is accumulated exactly "
         "(steadyrl.train.microbatch; docs/scale.md). None: one pass. VCPO/OPOB's "
-        "gradient-norm pass splits itself further past 2^26 logits (rows × length × vocabulary).",
+        "gradient-norm pass splits itself further past optim.norm_pass_logits.",
+    )
+    norm_pass_logits: int = Field(
+        1 << 28,
+        ge=1,
+        le=1 << 50,
+        description="The most logits (rows × padded prompt+response length × vocabulary) "
+        "VCPO/OPOB's per-trajectory gradient-norm pass holds at once: it keeps its output layer's "
+        "whole output and gradient (about 3 float32 copies: 3 GiB at the default), so past this "
+        "it runs per micro-batch (metric train/norm_microbatches; docs/scale.md). Each extra "
+        "micro-batch costs a forward and backward of the model.",
     )
     share_prompts: bool = Field(
         True,

@@ -78,7 +78,6 @@ from steadyrl.core.advantages.rac import rac_corrections
 from steadyrl.core.gradient_alignment import grad_cosine
 from steadyrl.core.masking import masked_mean, seq_log_ratio, where_masked
 from steadyrl.core.proximal import ewma_update_, mismatch_split
-from steadyrl.core.vocab_chunks import DEFAULT_CHUNK_ELEMENTS
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec
@@ -97,10 +96,6 @@ from steadyrl.train.vocab_terms import VOCAB_TERMS, vocab_terms
 #: The default (``grad_norms=None``) is ``fused_shared`` when ``optim.share_prompts`` is on (the default), else
 #: ``fused``.
 GradNormsMode = Literal["fused", "fused_shared"] | GradNormMethod
-#: The most logits OPOB's norm pass holds at once (rows × (prompt + response) × vocabulary; the chunked head's budget,
-#: :data:`~steadyrl.core.vocab_chunks.DEFAULT_CHUNK_ELEMENTS`): past it the pass runs per micro-batch
-#: (:meth:`Learner._norm_plan`; metric ``train/norm_microbatches``).
-NORM_PASS_LOGITS: int = DEFAULT_CHUNK_ELEMENTS
 #: The fused modes (the norms from the step's own forward); ``fused_shared`` runs that forward with each distinct prompt
 #: once (:class:`~steadyrl.train.grad_norms.GhostPass` ``share_prompts=True``: fewer forward FLOPs, one prompt backward
 #: per response rank; the same norms and gradient up to float rounding); ``fused`` forwards every row's prompt.
@@ -364,7 +359,7 @@ class Learner:
         return None if len(plan) == 1 else plan
 
     def _norm_plan(self, batch: Rollouts) -> list[Tensor] | None:
-        """Row sets for OPOB's norm pass when it would hold more than :data:`NORM_PASS_LOGITS` logits (None: the
+        """Row sets for OPOB's norm pass when it would hold more than ``optim.norm_pass_logits`` logits (None: the
         step's own plan does).
 
         The ghost pass records the output layer's call, so its forward runs the direct head: the layer's whole
@@ -377,7 +372,7 @@ class Learner:
         head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
         if head is None:
             return None
-        budget = max(1, NORM_PASS_LOGITS // int(head.weight.shape[0]))
+        budget = max(1, self.optim_cfg.norm_pass_logits // int(head.weight.shape[0]))
         user = self.optim_cfg.microbatch_tokens
         N, width = batch.prompt_ids.shape[0], batch.prompt_ids.shape[1] + batch.response_ids.shape[1]
         if N * width <= budget or (user is not None and user <= budget):
