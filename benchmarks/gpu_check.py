@@ -615,20 +615,53 @@ def item_profile(size: Size, *, model_dir: Path, placement: Placement) -> ItemRe
     sync()
     learn_s, learn_peak = time.perf_counter() - t0, peak_gib()
     tokens = float(rollouts.response_mask.sum())
+    steps = _learner_step_seconds(model, rollouts, size=size, placement=placement, sync=sync)
     head = model.get_output_embeddings().weight
     chunked = rollouts.response_ids.numel() * head.shape[0] > DEFAULT_CHUNK_ELEMENTS
     flops = learner_flops(model, rollouts, chunked_head=chunked)
     peak, peak_shape = matmul_peak_flops(device)
     share = flops / learn_s / peak
     figures = {"sampler_tokens_per_s": tokens / sample_s, "learner_tokens_per_s": tokens / learn_s,
-               "learner_tflops": flops / learn_s / 1e12, "matmul_peak_tflops": peak / 1e12, "learner_share": share}
+               "learner_tflops": flops / learn_s / 1e12, "matmul_peak_tflops": peak / 1e12, "learner_share": share,
+               "step_tokens_per_s": tokens / steps["one_pass"], "step_micro_tokens_per_s": tokens / steps["micro"]}
     ok = all(math.isfinite(v) and v > 0 for v in figures.values()) and share <= 1.0
     memory = "" if not cuda else f", peak memory sampling {sample_peak:.2f} GiB, learning {learn_peak:.2f} GiB"
     detail = (f"{size.prompts_per_step}x{size.group_size} rows, {tokens:.0f} response tokens: sampler "
               f"{figures['sampler_tokens_per_s']:.0f} tok/s, learner {figures['learner_tokens_per_s']:.0f} tok/s, "
               f"{figures['learner_tflops']:.3g} TFLOP/s = {share:.1%} of a {peak_shape} matmul's "
-              f"{figures['matmul_peak_tflops']:.3g}{memory}")  # fmt: skip
+              f"{figures['matmul_peak_tflops']:.3g}{memory}; Learner.step (the main job's method, deterministic) "
+              f"{figures['step_tokens_per_s']:.0f} tok/s in one pass, {figures['step_micro_tokens_per_s']:.0f} tok/s "
+              f"in {steps['microbatches']:.0f} micro-batches of {size.microbatch_tokens} tokens")  # fmt: skip
     return ItemResult("profile", ok, detail)
+
+
+def _learner_step_seconds(model: torch.nn.Module, rollouts: Any, *, size: Size, placement: Placement,
+                          sync: Any) -> dict[str, float]:  # fmt: skip
+    """Seconds of one ``Learner.step`` on ``rollouts`` with the main job's method and controllers, in one pass and
+    in the RL run's micro-batches (``optim.microbatch_tokens``), each after a warm-up step, under deterministic
+    algorithms as the RL run: against the single forward + backward above, what the learner's own work costs (the
+    loss, controllers, metrics, the micro-batches' extra forward)."""
+    from steadyrl.config.train import OptimConfig, TrainConfig
+    from steadyrl.control import build_controllers
+    from steadyrl.train.learner import Learner
+
+    spec = TrainConfig().method.resolve()
+    rewards = (torch.arange(rollouts.response_ids.shape[0], device=placement.device) % 2).float()
+    out: dict[str, float] = {}
+    with placement.runtime(deterministic=True):
+        for name, budget in (("one_pass", None), ("micro", size.microbatch_tokens)):
+            learner = Learner(model=model, method=spec, controllers=build_controllers(spec), lr=1e-6,
+                              optim=OptimConfig(microbatch_tokens=budget), log=lambda _: None,
+                              placement=placement)  # fmt: skip
+            learner.step(rollouts, rewards)  # warm-up
+            sync()
+            t0 = time.perf_counter()
+            step = learner.step(rollouts, rewards)
+            sync()
+            out[name] = time.perf_counter() - t0
+            if name == "micro":
+                out["microbatches"] = float(step.metrics.get("train/microbatches", 1.0))
+    return out
 
 
 def run_items(fields: Mapping[str, Any], *, size: Size, device: str, model_dir: Path, work: Path,
