@@ -17,6 +17,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from steadyrl.models.tiny import TinyArchConfig, build_tiny_model, llama_config
 from steadyrl.models.tokenizer import build_char_tokenizer
+from steadyrl.rollout.logprobs import sequence_logprobs
 from steadyrl.rollout.rollouts import TokenBatch
 from steadyrl.train.grad_norms import VMAP_ATTENTION, per_trajectory_grad_sq_norms
 
@@ -328,3 +329,54 @@ def test_vocabulary_chunks_leave_every_method_exact(tokenizer, monkeypatch, meth
         lp_mod.sequence_logprobs(model, batch).logp.sum().backward()  # chunked
         for got_g, p in zip(ghost_grads, model.parameters(), strict=True):
             assert float((got_g - p.grad).norm()) <= 1e-10 * float(p.grad.norm()) + 1e-300
+
+
+@pytest.mark.parametrize("kind", ["tied", "untied", "head_bias"])
+@pytest.mark.parametrize("share", [False, True])
+def test_the_output_layer_enters_the_norms_in_vocabulary_chunks(tokenizer, monkeypatch, kind: str, share: bool) -> None:
+    """The ghost pass never calls the output layer: its part of each norm (and of the assembled gradient) comes from
+    the layer's inputs over vocabulary chunks (patched down to 7 vocabulary rows, so every sum spans many chunks),
+    with the cross term of a tied embedding and a bias. In float64, with and without shared prompts, at temperature
+    0.7: the norms equal one backward per trajectory to 1e-10, the assembled gradient equals the pass that records the
+    layer's [N, T, V] output to 1e-10, and autograd's to 1e-6 (LlamaRMSNorm rounds its gradient to float32, and the
+    two scale the seed differently)."""
+    import steadyrl.core.grad_norms as core
+    import steadyrl.train.grad_norms as grad_norms_mod
+    from steadyrl.train.grad_norms import GhostPass
+
+    model = llama(tokenizer, tied=kind == "tied")
+    if kind == "head_bias":
+        head = nn.Linear(ARCH.hidden_size, len(tokenizer), bias=True).double()
+        with torch.no_grad():
+            head.weight.copy_(model.lm_head.weight)
+            head.bias.copy_(torch.linspace(-0.5, 0.5, len(tokenizer)))
+        model.lm_head = head
+    batch = make_batch(prompt_lens=[3, 3, 4, 4, 2], response_lens=[4, 6, 1, 3, 6], vocab=len(tokenizer))
+    batch = TokenBatch(batch.prompt_ids[[0, 0, 2, 2, 4]], batch.prompt_mask[[0, 0, 2, 2, 4]], batch.response_ids,
+                       batch.response_mask)  # fmt: skip  (rows 0–1 and 2–3 share a prompt)
+    want = per_trajectory_grad_sq_norms(model, batch, method="naive", temperature=0.7)
+    coef = torch.tensor([0.5, -1.0, 2.0, 0.25, 1.5], dtype=torch.float64)
+    logp = sequence_logprobs(model, batch, temperature=0.7).logp
+    objective = (coef * torch.where(batch.response_mask, logp, 0.0).sum(-1)).sum()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(objective, params)
+    with monkeypatch.context() as m:  # the pass that records the output layer's call
+        m.setattr(grad_norms_mod, "splits_output_layer", lambda *_: False)
+        with GhostPass(model, batch, temperature=0.7, share_prompts=share) as recorded:
+            assert recorded._head is None
+            recorded.accumulate_grad(coef)
+    assembled = [p.grad.clone() for p in params]
+    model.zero_grad(set_to_none=True)
+    monkeypatch.setattr(core, "_head_chunk", lambda c: 7)
+    direct = []
+    real_forward = nn.Linear.forward
+    monkeypatch.setattr(nn.Linear, "forward",
+                        lambda self, x: (direct.append(1) if self is model.lm_head else None) or real_forward(self, x))
+    with GhostPass(model, batch, temperature=0.7, share_prompts=share) as ghost:
+        assert ghost._head is not None
+        torch.testing.assert_close(ghost.sq_norms(), want, rtol=1e-10, atol=0.0)
+        ghost.accumulate_grad(coef)
+    assert not direct  # no [N, T, V] logits: the layer itself never ran
+    for p, a, g in zip(params, assembled, grads, strict=True):
+        assert float((p.grad - a).norm()) <= 1e-10 * float(a.norm()) + 1e-300
+        assert float((p.grad - g).norm()) <= 1e-6 * float(g.norm()) + 1e-300

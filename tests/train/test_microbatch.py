@@ -21,7 +21,6 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from steadyrl.config.train import OptimConfig
 from steadyrl.control import build_controllers
 from steadyrl.methods import PRESETS, resolve_method
-from steadyrl.methods.resolve import required_inputs
 from steadyrl.models import TinyArchConfig, build_char_tokenizer, build_tiny_model
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.sampler import generate
@@ -116,8 +115,8 @@ def test_activation_checkpointing_gives_the_same_gradient(name: str, model64, ba
 @pytest.mark.parametrize("name", [p.name for p in PRESETS])
 def test_vocabulary_chunks_give_the_one_pass_gradient(name: str, model64, batch, monkeypatch) -> None:
     """Every recompute in vocabulary chunks of 3 tokens (the default element budget patched down to 300 logits;
-    π_θ with gradient, π_prox, OTB's Σπ², COPC's hidden states, shared prompts; VCPO's ghost pass keeps the direct
-    form): the learner's raw gradient and loss equal the direct form's to 1e-10, alone and with micro-batches."""
+    π_θ with gradient, π_prox, OTB's Σπ², COPC's hidden states, shared prompts, VCPO's ghost pass): the learner's raw
+    gradient and loss equal the direct form's to 1e-10, alone and with micro-batches."""
     import steadyrl.rollout.logprobs as lp_mod
 
     full, full_metrics = _raw_grad(model64, name, batch)
@@ -127,9 +126,7 @@ def test_vocabulary_chunks_give_the_one_pass_gradient(name: str, model64, batch,
     for extra in ({}, {"microbatch_tokens": _budgets(batch[0])["mixed"]}):
         calls.clear()
         chunked, metrics = _raw_grad(model64, name, batch, **extra)
-        # OPOB's methods score every batch in the fused ghost pass, which keeps the direct form
-        fused_only = "grad_sq_norms" in required_inputs(resolve_method(name)) and not extra
-        assert set(calls) == (set() if fused_only else {3}), extra
+        assert set(calls) == {3}, extra
         rel = float((chunked - full).norm() / full.norm())
         assert rel < 1e-10, (extra, rel)
         assert metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-10, abs=1e-12), extra
@@ -194,10 +191,15 @@ def test_a_critic_that_trains_the_trunk_gets_its_hidden_state_gradient_through_t
 
 @pytest.mark.parametrize("optim", [{}, {"microbatch_tokens": 10_000}])
 def test_opobs_norm_pass_is_split_where_its_logits_pass_the_budget(model64, batch, monkeypatch, optim) -> None:
-    """The ghost pass holds its output layer's whole [n, T, V] output: with ``optim.norm_pass_logits`` at three rows'
-    worth it runs per micro-batch of at most that many logits (rows × width × V), while the rest of the step keeps one
-    pass (or the user's micro-batches); the gradient equals the one-pass gradient to 1e-10."""
+    """Where the output layer cannot run in vocabulary chunks (patched so here), the ghost pass holds its whole
+    [n, T, V] output: with ``optim.norm_pass_logits`` at three rows' worth it runs per micro-batch of at most that many
+    logits (rows × width × V), while the rest of the step keeps one pass (or the user's micro-batches); the gradient
+    equals the one-pass gradient to 1e-10."""
     import steadyrl.train.grad_norms as grad_norms_mod
+    import steadyrl.train.learner as learner_mod
+
+    monkeypatch.setattr(grad_norms_mod, "splits_output_layer", lambda *_: False)
+    monkeypatch.setattr(learner_mod, "splits_output_layer", lambda *_: False)
 
     full, _ = _raw_grad(model64, "vcpo", batch)
     vocab = model64.get_output_embeddings().weight.shape[0]

@@ -301,9 +301,10 @@ class OptimConfig(_Section):
         ge=1,
         le=1 << 50,
         description="The most logits (rows × padded prompt+response length × vocabulary) "
-        "VCPO/OPOB's per-trajectory gradient-norm pass holds at once: it keeps its output layer's "
-        "whole output and gradient (about 3 float32 copies: 3 GiB at the default), so past this "
-        "it runs per micro-batch (metric train/norm_microbatches; docs/scale.md). Each extra "
+        "VCPO/OPOB's per-trajectory gradient-norm pass holds at once on a model whose output layer "
+        "cannot run in vocabulary chunks (elsewhere the pass holds no logits): there it keeps the "
+        "layer's whole output and gradient (about 3 float32 copies: 3 GiB at the default), so past "
+        "this it runs per micro-batch (metric train/norm_microbatches; docs/scale.md). Each extra "
         "micro-batch costs a forward and backward of the model.",
     )
     share_prompts: bool = Field(

@@ -232,7 +232,29 @@ class _Dense:
     exact: Tensor | None = None
 
 
-_Contribution = _Outer | _Dense
+@dataclass
+class _Head:
+    """The output layer's per-sample gradient, never materialized: G_i = Σ_t g_{i,t} h_{i,t}ᵀ for its weight (or
+    Σ_t g_{i,t} for its bias, ``of_bias``), with g_{i,t} = ∂ℓ_i/∂z_{i,t} = m_{i,t} (onehot(y_{i,t}) − p_{i,t}) / τ,
+    z = W h + b the logits and p = softmax(z/τ). Every product with it runs over vocabulary chunks
+    (:func:`_head_kernel`).
+
+    ``h`` [N, T, H] the layer's inputs (detached), ``y`` [N, T] the scored tokens, ``m`` [N, T] 0/1 (the tokens in
+    ℓ_i), ``weight`` [V, H], ``bias`` [V] or None, ``tau`` the temperature; ``lse`` [N, T] = log Σ_v exp(z_v/τ),
+    filled on first use.
+    """
+
+    h: Tensor
+    y: Tensor
+    m: Tensor
+    weight: Tensor
+    bias: Tensor | None
+    tau: float
+    of_bias: bool = False
+    lse: Tensor | None = None
+
+
+_Contribution = _Outer | _Dense | _Head
 
 
 class GhostPass:
@@ -268,6 +290,7 @@ class GhostPass:
         mask: Tensor,
         *,
         strategy: GhostStrategy | str = "auto",
+        skip: Sequence[nn.Module] = (),
     ) -> None:
         if strategy not in GHOST_STRATEGIES:
             raise ValueError(f"ghost_strategy={strategy!r} is not one of {', '.join(GHOST_STRATEGIES)}")
@@ -275,7 +298,9 @@ class GhostPass:
             raise ValueError(f"mask must be [N, T]; got shape {tuple(mask.shape)}")
         self.model, self.mask, self.strategy = model, mask.bool(), strategy
         self.N = mask.shape[0]
-        owners = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+        skipped = {id(m) for m in skip}  # a subclass forms these modules' contributions itself (_extra_contributions)
+        owners = [m for m in model.modules()
+                  if id(m) not in skipped and any(p.requires_grad for p in m.parameters(recurse=False))]  # fmt: skip
         calls: list[_Call] = []
         self._recorded = calls  # every recorded call in order (a subclass's forward may mark where a phase ends)
         handles = [m.register_forward_hook(_recorder(calls), with_kwargs=True) for m in owners]
@@ -322,10 +347,11 @@ class GhostPass:
             return self._contributions
         self._contributions = {}
         loss = self._objective_sum()
-        if not self._calls or not loss.requires_grad:
+        if not loss.requires_grad:
             return self._contributions
+        extra = self._extra_contributions()  # before the backward: a subclass may read the forward's state
         found: list[tuple[nn.Parameter, _Contribution, _Call, Tensor]] = []
-        for call, g, group in self._output_grads(loss):
+        for call, g, group in self._output_grads(loss) if self._calls else []:
             if _versions(call.output, call.args, call.kwargs) != call.versions:
                 raise RuntimeError(
                     f"{type(call.module).__name__}: a recorded tensor was modified in place after the call"
@@ -344,7 +370,14 @@ class GhostPass:
                 c = next(d for q, d in _generic_per_sample(call, g) if q is param)
             self._contributions.setdefault(id(param), []).append(c)
             self._params[id(param)] = param
+        for param, c in extra:
+            self._contributions.setdefault(id(param), []).append(c)
+            self._params[id(param)] = param
         return self._contributions
+
+    def _extra_contributions(self) -> list[tuple[nn.Parameter, _Contribution]]:
+        """Contributions of modules the hooks skipped (``skip``), formed by a subclass; none here."""
+        return []
 
     def sq_norms(self) -> Tensor:
         """n_i = ‖∇_θ ℓ_i‖² ``[N]`` (detached; float32, or the parameters' float64), computed once.
@@ -403,6 +436,9 @@ def _row_slice(c: _Contribution, rows: slice, groups: dict[int, Tensor]) -> _Con
     """Samples ``rows`` of a contribution (views; a shared factor stays whole, its row map sliced once per map)."""
     if isinstance(c, _Dense):
         return _Dense(c.g[rows], c.exact)
+    if isinstance(c, _Head):
+        lse = _head_lse(c)
+        return _Head(c.h[rows], c.y[rows], c.m[rows], c.weight, c.bias, c.tau, c.of_bias, lse[rows])
     if c.group is None:
         return _Outer(u=c.u[rows], w=c.w[rows], rows=c.rows)
     if id(c.group) not in groups:
@@ -415,6 +451,11 @@ def _per_row_elements(contributions: Sequence[list[_Contribution]], strategy: st
     transient (a Gram product, a materialized per-sample gradient, an embedding's segment sums)."""
     cached = transient = 0
     for parts in contributions:
+        heads = [c for c in parts if isinstance(c, _Head)]
+        if heads:  # [T, T] kernels and [S, T] cross products (the vocabulary chunks bound themselves)
+            T, S = heads[0].h.shape[1], sum(c.w.shape[1] for c in parts if isinstance(c, _Outer))
+            transient = max(transient, 6 * T * T + 4 * S * T)
+            continue
         outers = [c for c in parts if isinstance(c, _Outer)]
         if strategy == "auto" and len(outers) == len(parts) and all(c.indexed for c in outers):
             transient = max(transient, 2 * sum(c.w.shape[1] for c in outers) * outers[0].w.shape[2])
@@ -441,6 +482,8 @@ def _weighted_sum(c: _Contribution, coef: Tensor, cache: dict[tuple[Any, ...], T
     """
     if isinstance(c, _Dense):
         return torch.einsum("n,n...->...", coef.to(c.g.dtype), c.g)
+    if isinstance(c, _Head):
+        return _head_weighted_sum(c, coef)
     (N, S), C = c.u.shape[:2], c.w.shape[2]
 
     def scale(x: Tensor) -> Tensor:
@@ -590,6 +633,17 @@ def _param_sq_norm(
     ``grams`` caches the S×S Gram matrices of factors shared between parameters (pass the same dict for a batch).
     """
     grams = {} if grams is None else grams
+    heads = [c for c in parts if isinstance(c, _Head)]
+    if heads:  # the output layer (with, when tied, the embedding's one-hot contributions)
+        head, others = heads[0], [c for c in parts if not isinstance(c, _Head)]
+        tied_to_embedding = all(isinstance(c, _Outer) and c.indexed for c in others)
+        if len(heads) > 1 or not tied_to_embedding or (head.of_bias and others):
+            raise ValueError("ghost norms: the output layer's weight is used by a module other than an embedding")
+        total = _head_sq_norm(head)
+        if others:  # ‖E + G‖² = ‖E‖² + ‖G‖² + 2⟨E, G⟩
+            total = total + _param_sq_norm(others, strategy, grams)
+            total = total + 2.0 * sum(_head_cross(o, head) for o in others)  # type: ignore[arg-type]
+        return total
     outers = [c for c in parts if isinstance(c, _Outer)]
     if strategy == "auto" and len(outers) == len(parts) and all(c.indexed for c in outers):
         return _indexed_sq_norm(outers)  # an embedding not tied to a Linear: O(S·C), neither S² nor V·C
@@ -601,6 +655,96 @@ def _param_sq_norm(
         return total
     G = sum(_materialize(c) for c in parts)  # Σ_u G_{i,u}: [N, numel]
     return G.square().sum(dim=1)
+
+
+def _head_chunk(c: _Head) -> int:
+    """Vocabulary rows per chunk: N·T·chunk logits at most ``vocab_chunks.DEFAULT_CHUNK_ELEMENTS``."""
+    from steadyrl.core.vocab_chunks import DEFAULT_CHUNK_ELEMENTS
+
+    return max(1, DEFAULT_CHUNK_ELEMENTS // max(1, c.h.shape[0] * c.h.shape[1]))
+
+
+def _head_logits(c: _Head, rows: slice) -> Tensor:
+    """z_v / τ for the vocabulary rows ``rows``: [N, T, chunk]."""
+    w = c.weight[rows].to(c.h.dtype)
+    z = c.h @ w.transpose(0, 1)
+    if c.bias is not None:
+        z = z + c.bias[rows].to(c.h.dtype)
+    return z / c.tau
+
+
+def _head_chunks(c: _Head) -> list[slice]:
+    V, step = c.weight.shape[0], _head_chunk(c)
+    return [slice(v, min(V, v + step)) for v in range(0, V, step)]
+
+
+def _head_lse(c: _Head) -> Tensor:
+    """log Σ_v exp(z_v/τ) [N, T], over vocabulary chunks; computed once per contribution."""
+    if c.lse is None:
+        lse = torch.full(c.y.shape, -torch.inf, dtype=c.h.dtype, device=c.h.device)
+        for rows in _head_chunks(c):
+            lse = torch.logaddexp(lse, _head_logits(c, rows).logsumexp(dim=-1))
+        c.lse = lse
+    return c.lse
+
+
+def _head_at(c: _Head, ids: Tensor) -> Tensor:
+    """p_t(ids_s) = exp(z_t(ids_s)/τ − lse_t) for every s, t: [N, S, T] (``ids`` [N, S])."""
+    w = c.weight[ids].to(c.h.dtype)  # [N, S, H]
+    z = torch.bmm(w, c.h.transpose(1, 2))  # z_t(ids_s): [N, S, T]
+    if c.bias is not None:
+        z = z + c.bias[ids].to(c.h.dtype).unsqueeze(-1)
+    return torch.exp(z / c.tau - _head_lse(c).unsqueeze(1))
+
+
+def _head_kernel(c: _Head) -> Tensor:
+    """K_{s,t} = g_s·g_t = m_s m_t ([y_s = y_t] − p_t(y_s) − p_s(y_t) + Σ_v p_s(v) p_t(v)) / τ² per sample: [N, T, T].
+
+    The last sum runs over vocabulary chunks; p_t(y_s) is one [T, T] product with the rows W[y]: no [N, T, V]."""
+    lse = _head_lse(c)
+    q = torch.zeros((*c.y.shape, c.y.shape[1]), dtype=c.h.dtype, device=c.h.device)
+    for rows in _head_chunks(c):
+        p = torch.exp(_head_logits(c, rows) - lse.unsqueeze(-1))  # [N, T, chunk]
+        q = q + torch.bmm(p, p.transpose(1, 2))
+    at = _head_at(c, c.y)  # [N, S=T, T]: p_t(y_s)
+    same = (c.y.unsqueeze(2) == c.y.unsqueeze(1)).to(c.h.dtype)
+    m = c.m.to(c.h.dtype)
+    return (same - at - at.transpose(1, 2) + q) * (m.unsqueeze(2) * m.unsqueeze(1)) / c.tau**2
+
+
+def _head_sq_norm(c: _Head) -> Tensor:
+    """‖G_i‖² [N]: Σ_{s,t} K_{s,t} (h_s·h_t) for the weight, Σ_{s,t} K_{s,t} for the bias."""
+    k = _head_kernel(c)
+    if c.of_bias:
+        return k.sum(dim=(1, 2))
+    return (k * torch.bmm(c.h, c.h.transpose(1, 2))).sum(dim=(1, 2))
+
+
+def _head_cross(e: _Outer, c: _Head) -> Tensor:
+    """⟨Σ_s onehot(id_s) e_sᵀ, Σ_t g_t h_tᵀ⟩ = Σ_{s,t} g_t[id_s] (e_s·h_t) per sample (a tied embedding): [N]."""
+    ids = e.u  # [N, S]
+    g = (c.y.unsqueeze(1) == ids.unsqueeze(2)).to(c.h.dtype) - _head_at(c, ids)  # [N, S, T]: τ g_t[id_s] / m_t
+    g = g * c.m.to(c.h.dtype).unsqueeze(1) / c.tau
+    return (g * torch.bmm(e.w.to(c.h.dtype), c.h.transpose(1, 2))).sum(dim=(1, 2))
+
+
+def _head_weighted_sum(c: _Head, coef: Tensor) -> Tensor:
+    """Σ_i coef_i G_i: Σ_{i,t} coef_i g_{i,t} h_{i,t}ᵀ [V, H] (or Σ_{i,t} coef_i g_{i,t} [V]), the softmax part over
+    vocabulary chunks."""
+    V, lse = c.weight.shape[0], _head_lse(c)
+    a = coef.to(c.h.dtype).unsqueeze(1) * c.m.to(c.h.dtype) / c.tau  # [N, T]: coef_i m_{i,t} / τ
+    if c.of_bias:
+        out = torch.zeros(V, dtype=c.h.dtype, device=c.h.device).index_add_(0, c.y.reshape(-1), a.reshape(-1))
+        for rows in _head_chunks(c):
+            p = torch.exp(_head_logits(c, rows) - lse.unsqueeze(-1))
+            out[rows] -= (p * a.unsqueeze(-1)).sum(dim=(0, 1))
+        return out
+    x = (c.h * a.unsqueeze(-1)).reshape(-1, c.h.shape[2])  # [N·T, H]
+    out = torch.zeros(V, c.h.shape[2], dtype=c.h.dtype, device=c.h.device).index_add_(0, c.y.reshape(-1), x)
+    for rows in _head_chunks(c):
+        p = torch.exp(_head_logits(c, rows) - lse.unsqueeze(-1)).reshape(-1, rows.stop - rows.start)
+        out[rows] -= p.transpose(0, 1) @ x
+    return out
 
 
 def _uses_gram(parts: list[_Contribution], outers: list[_Outer], strategy: str) -> bool:

@@ -238,6 +238,9 @@ def _score(
         hidden = _shared_prompt_outputs(model, batch, trunk=trunk) if share else None
         if hidden is None:
             hidden = _one_pass_outputs(model, batch, trunk=trunk)
+        observer = _HEAD_OBSERVER.get()
+        if observer is not None:
+            observer(HeadCall(hidden, response_mask, batch.response_ids, head, params))
         logp, values = _chunked_scores(hidden, head, batch, params=params, terms=terms, chunk=chunk)
         kept = _masked_hidden(hidden, response_mask) if return_hidden else None
         return _Scored(logp, values, kept)
@@ -307,15 +310,32 @@ def _masked_hidden(last: Float[Tensor, "N T H"], response_mask: Tensor) -> Float
 def _split_output_layer(
     model: PreTrainedModel, batch: TokenBatchLike, chunk_elements: int | None
 ) -> tuple[nn.Module, nn.Linear, int] | None:
-    """(trunk, output layer, tokens per chunk) when the chunked head applies (module docstring), else None."""
+    """(trunk, output layer, tokens per chunk) when the chunked head applies (module docstring), else None. Under
+    :func:`observe_head` it applies whenever it can, whatever the budget."""
     budget = DEFAULT_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if not isinstance(head, nn.Linear):
         return None
     N, T = batch.response_ids.shape
-    if N * T * head.out_features <= budget:
+    if N * T * head.out_features <= budget and _HEAD_OBSERVER.get() is None:
         return None  # fits: the direct form, unchanged
+    trunk = _splittable(model, head, batch.response_ids.device)
+    if trunk is None:
+        return None
+    return trunk, head, chunk_tokens_for(vocab_size=head.out_features, chunk_elements=budget)
+
+
+def splits_output_layer(model: nn.Module, device: torch.device) -> bool:
+    """Whether the chunked head can replace ``model``'s output layer on ``device`` (module docstring: the model type,
+    no logit post-processing, no hooks on the model or the layer, a float32 layer, no ``torch.func`` transform)."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    return isinstance(head, nn.Linear) and _splittable(model, head, device) is not None
+
+
+def _splittable(model: nn.Module, head: nn.Linear, device: torch.device) -> nn.Module | None:
+    """The trunk when the chunked head computes the same function as ``model``'s own output layer, else None."""
     config = getattr(model, "config", None)
     if (
         not isinstance(model, PreTrainedModel)
@@ -327,9 +347,9 @@ def _split_output_layer(
     trunk = model.get_decoder()
     if trunk is model or not isinstance(trunk, nn.Module):
         return None
-    if _hooked(model) or _hooked(head) or not _fp32_head(head, batch.response_ids.device):
+    if _hooked(model) or _hooked(head) or not _fp32_head(head, device):
         return None
-    return trunk, head, chunk_tokens_for(vocab_size=head.out_features, chunk_elements=budget)
+    return trunk
 
 
 def _hooked(module: nn.Module) -> bool:
@@ -427,6 +447,34 @@ def observe_shared_prefill(callback: Callable[[SharedPrefill], None]) -> Iterato
         yield
     finally:
         _PREFILL_OBSERVER.reset(token)
+
+
+class HeadCall(NamedTuple):
+    """What a chunked forward applied the output layer to (for observers): ``hidden`` [N, T, H] (with its graph; row
+    i's position predicting response token t), ``mask`` [N, T] (the scored tokens), ``tokens`` [N, T] (the response
+    ids), ``head`` (the layer) and ``params`` (the distribution scored)."""
+
+    hidden: Tensor
+    mask: Tensor
+    tokens: Tensor
+    head: nn.Linear
+    params: SamplingParams
+
+
+#: Set by :func:`observe_head`: called with the :class:`HeadCall` of every chunked forward.
+_HEAD_OBSERVER: ContextVar[Callable[[HeadCall], None] | None] = ContextVar("head_observer", default=None)
+
+
+@contextmanager
+def observe_head(callback: Callable[[HeadCall], None]) -> Iterator[None]:
+    """Within the block, every forward that can run the chunked head runs it (whatever the budget) and reports its
+    :class:`HeadCall` to ``callback``: the per-trajectory gradient-norm pass forms the output layer's part of each norm
+    from it, in vocabulary chunks, instead of recording the layer's ``[N, T, V]`` output."""
+    token = _HEAD_OBSERVER.set(callback)
+    try:
+        yield
+    finally:
+        _HEAD_OBSERVER.reset(token)
 
 
 def _cache_tensors(cache: DynamicCache) -> list[Tensor]:

@@ -41,7 +41,14 @@ from steadyrl.core import grad_norms as core
 from steadyrl.core.grad_norms import GHOST_STRATEGIES, GhostStrategy, masked_row_sums
 from steadyrl.core.groups import rank_in_group
 from steadyrl.rollout.distribution import TOP_K_OFF, TOP_P_OFF
-from steadyrl.rollout.logprobs import SharedPrefill, observe_shared_prefill, sequence_logprobs
+from steadyrl.rollout.logprobs import (
+    HeadCall,
+    SharedPrefill,
+    observe_head,
+    observe_shared_prefill,
+    sequence_logprobs,
+    splits_output_layer,
+)
 from steadyrl.rollout.rollouts import TokenBatch, TokenBatchLike, context_mask, trim_padding
 
 GradNormMethod = Literal["ghost", "vmap", "naive"]
@@ -171,8 +178,17 @@ class GhostPass(core.GhostPass):
         score = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         self._prefill: SharedPrefill | None = None
         self._prompt_calls = 0  # the first calls recorded, before the prefill was reported: the prompt forward's
+        self._head: HeadCall | None = None
         logp_fn = _shared_logp_fn(batch, score, self._observe) if share_prompts else _logp_fn(batch, score)
-        super().__init__(model, logp_fn, m, strategy=strategy)
+        # The output layer in vocabulary chunks (plain temperature scoring, a model the chunked head fits): its part
+        # of each norm comes from _Head, not from recording its [N, T, V] output.
+        chunked = top_k == TOP_K_OFF and top_p == TOP_P_OFF and splits_output_layer(model, batch.response_ids.device)
+        head = model.get_output_embeddings() if chunked else None
+        if head is not None:
+            logp_fn = _observing_head(logp_fn, self._observe_head)
+        super().__init__(model, logp_fn, m, strategy=strategy, skip=() if head is None else (head,))
+        if head is not None and self._head is None and self.logp.requires_grad:
+            raise RuntimeError("GhostPass: the forward did not run the chunked output layer it was set up for")
         self.batch = batch
 
     def _observe(self, prefill: SharedPrefill) -> None:
@@ -180,9 +196,32 @@ class GhostPass(core.GhostPass):
             raise RuntimeError("GhostPass: the forward reported two shared-prompt prefills; expected one")
         self._prefill, self._prompt_calls = prefill, len(self._recorded)
 
+    def _observe_head(self, call: HeadCall) -> None:
+        if self._head is not None:
+            raise RuntimeError("GhostPass: the forward applied the output layer twice; expected once")
+        self._head = call
+
+    def _extra_contributions(self) -> list[tuple[nn.Parameter, core._Contribution]]:
+        """The output layer's weight (and bias) as :class:`~steadyrl.core.grad_norms._Head` contributions."""
+        call = self._head
+        if call is None:
+            return []
+        head = call.head
+        dtype = torch.promote_types(torch.promote_types(call.hidden.dtype, head.weight.dtype), torch.float32)
+        parts = dict(h=call.hidden.detach().to(dtype), y=call.tokens, m=self.mask & call.mask.bool(),
+                     weight=head.weight.detach(), bias=None if head.bias is None else head.bias.detach(),
+                     tau=call.params.temperature)  # fmt: skip
+        out: list[tuple[nn.Parameter, core._Contribution]] = []
+        if head.weight.requires_grad:
+            out.append((head.weight, core._Head(**parts)))
+        if head.bias is not None and head.bias.requires_grad:
+            out.append((head.bias, core._Head(**parts, of_bias=True)))
+        return out
+
     def close(self) -> None:
         super().close()
         self._prefill = None
+        self._head = None
 
     def _output_grads(self, loss: Tensor) -> list[tuple[core._Call, Tensor | None, Tensor | None]]:
         """Steps 1–2 of the class docstring: per-row output gradients of the responses' calls (row map None) and of
@@ -218,6 +257,16 @@ class GhostPass(core.GhostPass):
 def _logp_fn(batch: TokenBatchLike, score: dict[str, Any]) -> core.LogpFn:
     """``model ↦ sequence_logprobs(model, batch, **score).logp``: the learner's forward as the core's ``logp_fn``."""
     return lambda model: sequence_logprobs(model, batch, **score).logp
+
+
+def _observing_head(logp_fn: core.LogpFn, observe: Any) -> core.LogpFn:
+    """``logp_fn`` with its forward's output layer run in vocabulary chunks and reported to ``observe``."""
+
+    def fn(model: nn.Module) -> Tensor:
+        with observe_head(observe):
+            return logp_fn(model)
+
+    return fn
 
 
 def _shared_logp_fn(batch: TokenBatchLike, score: dict[str, Any], observe: Any) -> core.LogpFn:

@@ -81,7 +81,12 @@ from steadyrl.core.proximal import ewma_update_, mismatch_split
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec
-from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprob_terms, sequence_logprobs
+from steadyrl.rollout.logprobs import (
+    proximal_logprobs,
+    sequence_logprob_terms,
+    sequence_logprobs,
+    splits_output_layer,
+)
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.scored import DelayedRewards
 from steadyrl.train.critic import Critic
@@ -362,12 +367,15 @@ class Learner:
         """Row sets for OPOB's norm pass when it would hold more than ``optim.norm_pass_logits`` logits (None: the
         step's own plan does).
 
-        The ghost pass records the output layer's call, so its forward runs the direct head: the layer's whole
-        ``[n, T, V]`` output and its gradient are held, not one vocabulary chunk. Past the budget (rows × width ×
-        V, width = prompt + response positions) the pass runs per micro-batch, as under ``optim.microbatch_tokens``;
-        the rest of the step keeps its own plan (its forward runs the chunked head).
+        Where the chunked head fits the model, the ghost pass forms the output layer's part of each norm over
+        vocabulary chunks (:class:`~steadyrl.train.grad_norms.GhostPass`) and holds no logits: no split. Elsewhere it
+        records the output layer's call, so its forward holds the layer's whole ``[n, T, V]`` output and gradient;
+        past the budget (rows × width × V, width = prompt + response positions) the pass then runs per
+        micro-batch, as under ``optim.microbatch_tokens``, while the rest of the step keeps its own plan.
         """
         if "grad_sq_norms" not in self.needs or self.grad_norms not in (*FUSED_MODES, "ghost"):
+            return None
+        if splits_output_layer(self.model, batch.response_ids.device):
             return None
         head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
         if head is None:
