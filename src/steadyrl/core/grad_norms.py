@@ -35,6 +35,11 @@ learner's token batches):
     the uses' norms: n = Σ_{u,v} ⟨G_u, G_v⟩ with the cross terms in Gram form, e.g. embedding × lm_head
     ⟨Σ_s onehot(id_s) e_sᵀ, Σ_t g_t a_tᵀ⟩ = Σ_{s,t} g_t[id_s] (e_s·a_t), or by materializing Σ_u G_u
     (again the cheaper of the two).
+  * An output layer a subclass leaves unhooked (``skip``; :class:`steadyrl.train.grad_norms.GhostPass` where the
+    chunked head applies): ``_Head``, from the layer's inputs h, the scored tokens y and the temperature τ. With
+    g_t = ∂ℓ_i/∂z_t = m_t (onehot(y_t) − p_t)/τ, ‖Σ_t g_t h_tᵀ‖² = Σ_{s,t} K_st (h_s·h_t), K_st = g_s·g_t =
+    m_s m_t ([y_s = y_t] − p_t(y_s) − p_s(y_t) + Σ_v p_s(v) p_t(v))/τ², where p_t(y_s) is a [T, T] product with the
+    rows W[y] and Σ_v p_s p_t runs over vocabulary chunks; a tied embedding adds 2 Σ_{s,t} g_t[id_s] (e_s·h_t).
   * Any other module with its own trainable parameters (RMSNorm weights, LayerNorm, subclasses that override
     ``forward``): per-sample gradients of its direct parameters by ``vmap`` over the batch of a ``vjp`` of that
     module alone, at the recorded input with the recorded output gradient row as cotangent (materialized).

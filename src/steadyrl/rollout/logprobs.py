@@ -28,9 +28,11 @@ is not known to be the same function: a model whose type is not in :data:`SPLITT
 post-processes logits (``final_logit_softcapping``, ``logit_scale``, ``logits_scaling``), an output layer that is
 not a plain ``nn.Linear`` / :class:`~steadyrl.base.device.Float32OutputLinear` (LoRA on the head, a tied custom
 module) or a plain ``nn.Linear`` that would run in low precision (a weight not in float32/float64, or under
-autocast), a model or head with forward hooks or a patched ``forward`` (the ghost gradient-norm pass of
-:mod:`steadyrl.train.grad_norms` records the output layer's call; accelerate's device hooks), and under ``torch.func``
-transforms (``vmap``/``grad``: the chunked head is a custom autograd function).
+autocast), a model or head with forward hooks or a patched ``forward`` (accelerate's device hooks), and under
+``torch.func`` transforms (``vmap``/``grad``: the chunked head is a custom autograd function). Under
+:func:`observe_head` (the ghost gradient-norm pass of :mod:`steadyrl.train.grad_norms`, which then leaves the output
+layer unhooked and forms its part of each norm over vocabulary chunks) the chunked head runs whenever it applies,
+whatever the budget.
 
 Full-vocabulary terms with gradient (an entropy bonus, Σ_v c_v log π_v) go through :func:`sequence_logprob_terms`,
 which takes named callables ``g(log_probs [m, V], index [m]) -> [m]`` (``index``: flat positions ``n·T + t`` in the

@@ -8,7 +8,9 @@ Three methods:
 
 - ``"ghost"`` (default): :class:`GhostPass`, one forward and one backward over the batch (the core's method);
   ``share_prompts=True`` runs that forward with each distinct prompt once and splits the backward where the prompt
-  joins the rows, so the norms stay exact (:class:`GhostPass`).
+  joins the rows, so the norms stay exact (:class:`GhostPass`). Where the chunked head applies (and the scoring is
+  plain temperature) the output layer runs in vocabulary chunks and its part of each norm is formed from its inputs
+  (the core's ``_Head``), so the pass holds no ``[N, T, V]`` logits.
 - ``"vmap"``: ``torch.func`` — ``vmap`` over trajectories of ``grad`` of a ``functional_call`` of the whole learner
   forward, ``chunk_size`` trajectories at a time (each chunk holds its per-sample gradients). Hugging Face's mask
   builder branches on the mask's values, which ``vmap`` cannot trace, so during the call the model runs on an
