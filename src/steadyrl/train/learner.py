@@ -375,8 +375,9 @@ class Learner:
         """
         if "grad_sq_norms" not in self.needs or self.grad_norms not in (*FUSED_MODES, "ghost"):
             return None
-        if splits_output_layer(self.model, batch.response_ids.device):
-            return None
+        with self.placement.autocast():  # as where the pass runs (a plain float32 head under autocast does not split)
+            if splits_output_layer(self.model, batch.response_ids.device):
+                return None
         head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
         if head is None:
             return None
