@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
@@ -124,23 +125,35 @@ def test_reference_kl_values_and_gradients(kind: str) -> None:
         assert 0 < clamped < n  # both branches exercised
 
 
+def _exact_k3(x: float) -> float:
+    """eˣ − 1 − x in exact rational arithmetic (x as the float it is; the series to x⁴⁰/40!, below 1e-29 for |x| ≤ 3),
+    rounded once to float64."""
+    q, term, total = Fraction(x), Fraction(1), Fraction(0)
+    for n in range(1, 41):
+        term = term * q / n
+        if n >= 2:
+            total += term
+    return float(total)
+
+
 @pytest.mark.parametrize("convention", ["verl", "areal"])
-def test_k3_keeps_its_digits_for_tiny_log_ratios_in_float32(convention: str) -> None:
+def test_k3_keeps_its_digits_for_tiny_log_ratios(convention: str) -> None:
     """k3 ≈ x²/2 for |x| ≪ 1: in float32 eˣ − x − 1 rounds eˣ to 1.2e-7 and loses every digit below |x| ~ 5e-4 (and
-    goes negative), and expm1(x) − x still loses 2ε/|x|; k3 stays within 1e-6 of the exact value and never below 0.
-    The reference is math.expm1(x) − x in float64 (cancellation error 4.4e-16/|x|, under 1e-9 here)."""
+    goes negative), and expm1(x) − x still loses 2ε/|x|. Against the exact value: float32 within 1e-6 and never
+    negative, float64 within 1e-14 (a series cut too early would miss that near |x| = 0.1), both conventions."""
     xs = [1e-6, -3e-6, 2e-5, -7e-5, 1e-4, -4e-4, 1e-3, -2e-3, 0.099, -0.0999, 0.1, -0.15, 0.7, -3.0]
     sign = 1.0 if convention == "verl" else -1.0  # AReaL's k3 is e^{−x} − 1 + x
-    want = torch.tensor([[math.expm1(sign * x) - sign * x for x in xs]], dtype=torch.float64)
     x32 = torch.tensor([xs], dtype=torch.float32)
     mask = torch.ones_like(x32, dtype=torch.bool)
+    want32 = torch.tensor([[_exact_k3(sign * x) for x in x32[0].tolist()]], dtype=torch.float64)
     got = mismatch_kl(log_ratio=x32, mask=mask, convention=convention).k3
     assert bool((got >= 0).all())
-    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(got.double(), want32, rtol=1e-6, atol=0.0)
     ref = reference_kl(logp=torch.zeros_like(x32), ref_logp=sign * x32, mask=mask, kind="k3").kl
-    torch.testing.assert_close(ref.double(), want, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(ref.double(), want32, rtol=1e-6, atol=0.0)
+    want64 = torch.tensor([[_exact_k3(sign * x) for x in xs]], dtype=torch.float64)
     got64 = mismatch_kl(log_ratio=torch.tensor([xs], dtype=torch.float64), mask=mask, convention=convention).k3
-    torch.testing.assert_close(got64, want, rtol=1e-9, atol=0.0)
+    torch.testing.assert_close(got64, want64, rtol=1e-14, atol=0.0)
 
 
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3", "abs", "low_var_kl"])
