@@ -361,7 +361,7 @@ def test_the_output_layer_enters_the_norms_in_vocabulary_chunks(tokenizer, monke
     params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(objective, params)
     with monkeypatch.context() as m:  # the pass that records the output layer's call
-        m.setattr(grad_norms_mod, "splits_output_layer", lambda *_: False)
+        m.setattr(grad_norms_mod, "chunkable_head", lambda *_: None)
         with GhostPass(model, batch, temperature=0.7, share_prompts=share) as recorded:
             assert recorded._head is None
             recorded.accumulate_grad(coef)
@@ -380,3 +380,18 @@ def test_the_output_layer_enters_the_norms_in_vocabulary_chunks(tokenizer, monke
     for p, a, g in zip(params, assembled, grads, strict=True):
         assert float((p.grad - a).norm()) <= 1e-10 * float(a.norm()) + 1e-300
         assert float((p.grad - g).norm()) <= 1e-6 * float(g.norm()) + 1e-300
+
+
+def test_an_output_weight_shared_with_a_linear_keeps_the_recorded_head(tokenizer) -> None:
+    """The vocabulary-chunk form has cross terms only with an embedding: a head whose weight a Linear also uses (here
+    a projection added to the model) takes the recorded form, and the norms stay exact."""
+    from steadyrl.train.grad_norms import GhostPass
+
+    model = llama(tokenizer, tied=False)
+    model.extra = nn.Linear(ARCH.hidden_size, len(tokenizer), bias=False).double()
+    model.extra.weight = model.lm_head.weight
+    batch = default_batch(len(tokenizer))
+    with GhostPass(model, batch) as ghost:
+        assert ghost._head is None
+        torch.testing.assert_close(ghost.sq_norms(), per_trajectory_grad_sq_norms(model, batch, method="naive"),
+                                   rtol=1e-10, atol=0.0)  # fmt: skip

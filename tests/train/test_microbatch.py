@@ -198,8 +198,8 @@ def test_opobs_norm_pass_is_split_where_its_logits_pass_the_budget(model64, batc
     import steadyrl.train.grad_norms as grad_norms_mod
     import steadyrl.train.learner as learner_mod
 
-    monkeypatch.setattr(grad_norms_mod, "splits_output_layer", lambda *_: False)
-    monkeypatch.setattr(learner_mod, "splits_output_layer", lambda *_: False)
+    monkeypatch.setattr(grad_norms_mod, "chunkable_head", lambda *_: None)
+    monkeypatch.setattr(learner_mod, "chunkable_head", lambda *_: None)
 
     full, _ = _raw_grad(model64, "vcpo", batch)
     vocab = model64.get_output_embeddings().weight.shape[0]

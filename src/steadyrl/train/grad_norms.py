@@ -184,8 +184,8 @@ class GhostPass(core.GhostPass):
         logp_fn = _shared_logp_fn(batch, score, self._observe) if share_prompts else _logp_fn(batch, score)
         # The output layer in vocabulary chunks (plain temperature scoring, a model the chunked head fits): its part
         # of each norm comes from _Head, not from recording its [N, T, V] output.
-        chunked = top_k == TOP_K_OFF and top_p == TOP_P_OFF and splits_output_layer(model, batch.response_ids.device)
-        head = model.get_output_embeddings() if chunked else None
+        plain = top_k == TOP_K_OFF and top_p == TOP_P_OFF
+        head = chunkable_head(model, batch.response_ids.device) if plain else None
         if head is not None:
             logp_fn = _observing_head(logp_fn, self._observe_head)
         super().__init__(model, logp_fn, m, strategy=strategy, skip=() if head is None else (head,))
@@ -259,6 +259,17 @@ class GhostPass(core.GhostPass):
 def _logp_fn(batch: TokenBatchLike, score: dict[str, Any]) -> core.LogpFn:
     """``model ↦ sequence_logprobs(model, batch, **score).logp``: the learner's forward as the core's ``logp_fn``."""
     return lambda model: sequence_logprobs(model, batch, **score).logp
+
+
+def chunkable_head(model: nn.Module, device: torch.device) -> nn.Module | None:
+    """The output layer when the pass can form its part in vocabulary chunks: the chunked head applies, and its
+    weight is used by no module but itself and an embedding (a tied input embedding; the core's ``_Head`` has no
+    cross term with a Linear); else None (the pass then records the layer's call)."""
+    if not splits_output_layer(model, device):
+        return None
+    head = model.get_output_embeddings()
+    users = [m for m in model.modules() if m is not head and any(p is head.weight for p in m.parameters(recurse=False))]
+    return head if all(isinstance(m, nn.Embedding) for m in users) else None
 
 
 def _observing_head(logp_fn: core.LogpFn, observe: Any) -> core.LogpFn:

@@ -81,16 +81,11 @@ from steadyrl.core.proximal import ewma_update_, mismatch_split
 from steadyrl.methods import compute_loss
 from steadyrl.methods.resolve import required_inputs
 from steadyrl.methods.spec import MethodSpec
-from steadyrl.rollout.logprobs import (
-    proximal_logprobs,
-    sequence_logprob_terms,
-    sequence_logprobs,
-    splits_output_layer,
-)
+from steadyrl.rollout.logprobs import proximal_logprobs, sequence_logprob_terms, sequence_logprobs
 from steadyrl.rollout.rollouts import Rollouts
 from steadyrl.rollout.scored import DelayedRewards
 from steadyrl.train.critic import Critic
-from steadyrl.train.grad_norms import GhostPass, GradNormMethod, per_trajectory_grad_sq_norms
+from steadyrl.train.grad_norms import GhostPass, GradNormMethod, chunkable_head, per_trajectory_grad_sq_norms
 from steadyrl.train.microbatch import plan_microbatches, scatter_rows, take_rows
 from steadyrl.train.optim import build_optimizer
 from steadyrl.train.vocab_terms import VOCAB_TERMS, vocab_terms
@@ -376,7 +371,7 @@ class Learner:
         if "grad_sq_norms" not in self.needs or self.grad_norms not in (*FUSED_MODES, "ghost"):
             return None
         with self.placement.autocast():  # as where the pass runs (a plain float32 head under autocast does not split)
-            if splits_output_layer(self.model, batch.response_ids.device):
+            if chunkable_head(self.model, batch.response_ids.device) is not None:
                 return None
         head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
         if head is None:
