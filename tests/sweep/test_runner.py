@@ -161,6 +161,30 @@ def test_ctrl_c_stops_the_workers_and_leaves_no_orphans(tmp_path: Path) -> None:
             os.kill(pid, 0)
 
 
+def test_a_ctrl_c_that_lands_in_a_finalizer_still_stops_the_sweep(tmp_path: Path) -> None:
+    # Python swallows an exception raised inside __del__, so a Ctrl-C raised as KeyboardInterrupt there was lost and
+    # the sweep went on; the handler only counts, and the loop reads the count.
+    class SendsCtrlC:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def command(job: Job) -> list[str]:
+        SendsCtrlC()  # collected at once: the signal arrives while its finalizer runs
+        return [sys.executable, "-c", "import time; time.sleep(20)"]
+
+    specs = plan(tmp_path, grid={"method": ["grpo", "seq_tis"]})
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        started = time.monotonic()
+        outcome = execute(plan_jobs(specs), n_jobs=1, grace_s=0.5, progress=False, command=command,
+                          say=lambda _: None, poll_s=0.05)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert outcome.interrupted
+    assert list(outcome.returncodes) == [specs[0].entry.name]  # the second run never started
+    assert time.monotonic() - started < 15
+
+
 def test_tiny_sweep_end_to_end_then_resume_then_report(tiny_overrides: list[str], tmp_path: Path, capsys) -> None:
     from steadyrl.sweep.entry import report_main, sweep_main
 

@@ -138,21 +138,35 @@ def _count_lines(path: Path) -> int:
         return 0
 
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _StopRequests:
+    """Ctrl-C (SIGINT) and SIGTERM counted by a handler that only sets a number, which the loops read.
 
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+    Raised as KeyboardInterrupt instead, a signal can land inside a ``Popen`` call that holds the process's wait lock
+    (every later ``wait()`` then blocks for good) or inside a finalizer, which swallows it (the sweep never stops).
+    Installed in the main thread only (elsewhere signals never reach Python code); an inherited ignored SIGINT (a
+    background job) stays ignored.
+    """
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.count += 1
+
+    @contextmanager
+    def installed(self) -> Iterator[_StopRequests]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                previous[sig] = signal.signal(sig, self._handler)
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 @dataclass
@@ -169,20 +183,26 @@ class _Worker:
     """The GPU it was given (its ``CUDA_VISIBLE_DEVICES``), or None on a machine without one."""
 
 
-def _stop_workers(workers: Sequence[_Worker], grace_s: float, say: Callable[[str], None]) -> None:
-    """SIGINT to each worker, wait up to ``grace_s`` for them to checkpoint, then SIGTERM, then SIGKILL."""
+def _stop_workers(workers: Sequence[_Worker], grace_s: float, say: Callable[[str], None],
+                  stop: _StopRequests | None = None) -> None:
+    """SIGINT to each worker, wait up to ``grace_s`` for them to checkpoint (less if ``stop`` counts another Ctrl-C),
+    then SIGTERM, then SIGKILL. Every wait is bounded, so a worker's exit status is always known afterwards (-9 for
+    one that outlived SIGKILL's wait)."""
     alive = [w for w in workers if w.proc.poll() is None]
     if not alive:
         return
     say(f"[steadyrl sweep] stopping {len(alive)} run(s): each checkpoints after its current step "
         f"(up to {grace_s:.0f} s; Ctrl-C again to kill them now)")
+    seen = stop.count if stop is not None else 0
     try:
         for w in alive:
             w.proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + grace_s
         while any(w.proc.poll() is None for w in alive) and time.monotonic() < deadline:
+            if stop is not None and stop.count > seen:
+                break
             time.sleep(0.1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # where no handler could be installed (not the main thread)
         pass
     finally:
         for w in alive:
@@ -194,7 +214,10 @@ def _stop_workers(workers: Sequence[_Worker], grace_s: float, say: Callable[[str
                 w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 w.proc.kill()
-                w.proc.wait()
+                try:
+                    w.proc.wait(timeout=TERM_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    w.proc.returncode = -signal.SIGKILL
 
 
 def execute(
@@ -241,9 +264,11 @@ def execute(
         return worker
 
     with tqdm(total=total_steps, disable=not progress, unit="step", desc="sweep", dynamic_ncols=True) as bar, \
-            _sigterm_as_interrupt():
+            _StopRequests().installed() as stop:
         try:
             while pending_warm or pending or running:
+                if stop.count:
+                    raise KeyboardInterrupt
                 while pending_warm and fits(pending_warm[0].threads):
                     warm = pending_warm.pop(0)
                     launch(warm_command(warm), warm.log_path, append=False, cost=warm.threads).warm = warm
@@ -296,7 +321,7 @@ def execute(
                     time.sleep(poll_s)
         except BaseException as exc:  # Ctrl-C, SIGTERM, or a failure of the sweep itself: no orphan workers
             outcome.interrupted = isinstance(exc, KeyboardInterrupt)
-            _stop_workers(running, grace_s if outcome.interrupted else 0.0, say)
+            _stop_workers(running, grace_s if outcome.interrupted else 0.0, say, stop)
             for w in running:
                 w.log.close()
                 if w.job is not None:
