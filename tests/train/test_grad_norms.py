@@ -333,13 +333,17 @@ def test_vocabulary_chunks_leave_every_method_exact(tokenizer, monkeypatch, meth
 
 @pytest.mark.parametrize("kind", ["tied", "untied", "head_bias"])
 @pytest.mark.parametrize("share", [False, True])
-def test_the_output_layer_enters_the_norms_in_vocabulary_chunks(tokenizer, monkeypatch, kind: str, share: bool) -> None:
+@pytest.mark.parametrize("strategy", ["auto", "materialize"])
+def test_the_output_layer_enters_the_norms_in_vocabulary_chunks(tokenizer, monkeypatch, kind: str, share: bool,
+                                                                strategy: str) -> None:
     """The ghost pass never calls the output layer: its part of each norm (and of the assembled gradient) comes from
     the layer's inputs over vocabulary chunks (patched down to 7 vocabulary rows, so every sum spans many chunks),
-    with the cross term of a tied embedding and a bias. In float64, with and without shared prompts, at temperature
-    0.7: the norms equal one backward per trajectory to 1e-10, the assembled gradient equals the pass that records the
-    layer's [N, T, V] output to 1e-10, and autograd's to 1e-6 (LlamaRMSNorm rounds its gradient to float32, and the
-    two scale the seed differently)."""
+    with the cross term of a tied embedding and a bias, by the [T, T] kernel (``auto`` at these short responses) or
+    the per-sample gradient formed chunk by chunk (``materialize``). In float64, with and without shared prompts, at
+    temperature 0.7: the norms equal one backward per trajectory to 1e-10, the assembled gradient equals the pass
+    that records the layer's [N, T, V] output to 1e-10, and autograd's to 1e-6 (LlamaRMSNorm rounds its gradient to
+    float32, and the two scale the seed differently). The log-normalizer comes from the forward's log-probs, equal to
+    the direct one on the scored tokens to 1e-12."""
     import steadyrl.core.grad_norms as core
     import steadyrl.train.grad_norms as grad_norms_mod
     from steadyrl.train.grad_norms import GhostPass
@@ -372,8 +376,14 @@ def test_the_output_layer_enters_the_norms_in_vocabulary_chunks(tokenizer, monke
     real_forward = nn.Linear.forward
     monkeypatch.setattr(nn.Linear, "forward",
                         lambda self, x: (direct.append(1) if self is model.lm_head else None) or real_forward(self, x))
-    with GhostPass(model, batch, temperature=0.7, share_prompts=share) as ghost:
+    with GhostPass(model, batch, temperature=0.7, share_prompts=share, strategy=strategy) as ghost:
         assert ghost._head is not None
+        heads = [c for _, c in ghost._extra_contributions()]
+        assert heads and all(core._head_uses_kernel(c, strategy) == (strategy == "auto" and not c.of_bias)
+                             for c in heads)  # fmt: skip
+        scored = heads[0].m
+        z = (heads[0].h @ model.lm_head.weight.detach().T + (0.0 if kind != "head_bias" else head.bias.detach())) / 0.7
+        torch.testing.assert_close(heads[0].lse[scored], z.logsumexp(-1)[scored], rtol=1e-12, atol=0.0)
         torch.testing.assert_close(ghost.sq_norms(), want, rtol=1e-10, atol=0.0)
         ghost.accumulate_grad(coef)
     assert not direct  # no [N, T, V] logits: the layer itself never ran

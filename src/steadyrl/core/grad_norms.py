@@ -40,6 +40,9 @@ learner's token batches):
     g_t = ∂ℓ_i/∂z_t = m_t (onehot(y_t) − p_t)/τ, ‖Σ_t g_t h_tᵀ‖² = Σ_{s,t} K_st (h_s·h_t), K_st = g_s·g_t =
     m_s m_t ([y_s = y_t] − p_t(y_s) − p_s(y_t) + Σ_v p_s(v) p_t(v))/τ², where p_t(y_s) is a [T, T] product with the
     rows W[y] and Σ_v p_s p_t runs over vocabulary chunks; a tied embedding adds 2 Σ_{s,t} g_t[id_s] (e_s·h_t).
+    That kernel costs T² (V + H) a sample; materializing Σ_t g_t h_tᵀ one vocabulary chunk at a time costs T V H, so
+    (``auto``) the kernel is used while T < H roughly, and long responses take the materialized form, the embedding's
+    rows added chunk by chunk. The bias always takes the materialized form (T V against T² V).
   * Any other module with its own trainable parameters (RMSNorm weights, LayerNorm, subclasses that override
     ``forward``): per-sample gradients of its direct parameters by ``vmap`` over the batch of a ``vjp`` of that
     module alone, at the recorded input with the recorded output gradient row as cotangent (materialized).
@@ -459,7 +462,8 @@ def _per_row_elements(contributions: Sequence[list[_Contribution]], strategy: st
         heads = [c for c in parts if isinstance(c, _Head)]
         if heads:  # [T, T] kernels and [S, T] cross products (the vocabulary chunks bound themselves)
             T, S = heads[0].h.shape[1], sum(c.w.shape[1] for c in parts if isinstance(c, _Outer))
-            transient = max(transient, 6 * T * T + 4 * S * T)
+            if any(_head_uses_kernel(h, strategy) for h in heads):
+                transient = max(transient, 6 * T * T + 4 * S * T)
             continue
         outers = [c for c in parts if isinstance(c, _Outer)]
         if strategy == "auto" and len(outers) == len(parts) and all(c.indexed for c in outers):
@@ -644,6 +648,8 @@ def _param_sq_norm(
         tied_to_embedding = all(isinstance(c, _Outer) and c.indexed for c in others)
         if len(heads) > 1 or not tied_to_embedding or (head.of_bias and others):
             raise ValueError("ghost norms: the output layer's weight is used by a module other than an embedding")
+        if not _head_uses_kernel(head, strategy):
+            return _head_materialized_sq_norm(head, others)  # type: ignore[arg-type]
         total = _head_sq_norm(head)
         if others:  # ‖E + G‖² = ‖E‖² + ‖G‖² + 2⟨E, G⟩
             total = total + _param_sq_norm(others, strategy, grams)
@@ -731,6 +737,47 @@ def _head_cross(e: _Outer, c: _Head) -> Tensor:
     g = (c.y.unsqueeze(1) == ids.unsqueeze(2)).to(c.h.dtype) - _head_at(c, ids)  # [N, S, T]: τ g_t[id_s] / m_t
     g = g * c.m.to(c.h.dtype).unsqueeze(1) / c.tau
     return (g * torch.bmm(e.w.to(c.h.dtype), c.h.transpose(1, 2))).sum(dim=(1, 2))
+
+
+def _head_uses_kernel(c: _Head, strategy: str) -> bool:
+    """Whether the output layer's norm takes the [T, T] kernel (``gram``; ``auto``: while T² (V + H) ≤ T V H + V H)
+    rather than the per-sample gradient materialized over vocabulary chunks (``materialize``; always for the bias)."""
+    if c.of_bias or strategy == "materialize":
+        return False
+    if strategy == "gram":
+        return True
+    (T, H), V = c.h.shape[1:], c.weight.shape[0]
+    return T * T * (V + H) <= T * V * H + V * H
+
+
+def _head_materialized_sq_norm(c: _Head, embeddings: Sequence[_Outer]) -> Tensor:
+    """‖G_i + Σ_e E_i‖² [N] with G_i = Σ_t g_t h_tᵀ (or Σ_t g_t for the bias) formed one vocabulary chunk at a time:
+    [N, chunk, H] per chunk, never [N, V, H]; a tied embedding's rows Σ_{s: id_s = v} e_s are added to the chunk
+    that holds v."""
+    N, T, H = c.h.shape
+    V, lse = c.weight.shape[0], _head_lse(c)
+    a = c.m.to(c.h.dtype) / c.tau  # [N, T]: m_t / τ
+    step = max(1, _head_chunk(c) * max(1, T) // max(T, 1 if c.of_bias else H, 1))  # [N, chunk, H] ≤ the budget too
+    rows_of = torch.arange(N, device=c.h.device).unsqueeze(1)
+    total = c.h.new_zeros(N)
+    for v0 in range(0, V, step):
+        rows = slice(v0, min(V, v0 + step))
+        width = rows.stop - rows.start
+        g = torch.exp(_head_logits(c, rows) - lse.unsqueeze(-1)).mul_(-a.unsqueeze(-1))  # −m p / τ: [N, T, chunk]
+        hit = (c.y >= rows.start) & (c.y < rows.stop)  # + m onehot(y) / τ where y_t falls in this chunk
+        g.scatter_add_(2, (c.y - rows.start).clamp(0, width - 1).unsqueeze(-1), (a * hit).unsqueeze(-1))
+        if c.of_bias:
+            total = total + g.sum(dim=1).square().sum(dim=1)
+            continue
+        flat = c.h.new_empty(N * width + 1, H)  # the chunk's rows of every G_i, and a spare row for ids outside it
+        G = flat[: N * width].view(N, width, H)
+        torch.bmm(g.transpose(1, 2), c.h, out=G)  # Σ_t g_t h_tᵀ on this chunk
+        for e in embeddings:  # + Σ_{s: id_s = v} e_s for the ids v in this chunk
+            inside = (e.u >= rows.start) & (e.u < rows.stop)
+            slot = torch.where(inside, rows_of * width + (e.u - rows.start), N * width)
+            flat.index_add_(0, slot.reshape(-1), e.w.to(flat.dtype).reshape(-1, H))
+        total = total + G.square().sum(dim=(1, 2))
+    return total
 
 
 def _head_weighted_sum(c: _Head, coef: Tensor) -> Tensor:

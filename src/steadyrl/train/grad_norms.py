@@ -210,9 +210,16 @@ class GhostPass(core.GhostPass):
             return []
         head = call.head
         dtype = torch.promote_types(torch.promote_types(call.hidden.dtype, head.weight.dtype), torch.float32)
-        parts = dict(h=call.hidden.detach().to(dtype), y=call.tokens, m=self.mask & call.mask.bool(),
-                     weight=head.weight.detach(), bias=None if head.bias is None else head.bias.detach(),
-                     tau=call.params.temperature)  # fmt: skip
+        h, weight = call.hidden.detach().to(dtype), head.weight.detach()
+        bias = None if head.bias is None else head.bias.detach()
+        # log Σ_v exp(z_v/τ) from the forward itself: log p(y) = z_y/τ − lse, so lse = z_y/τ − log p(y) (one [N, T]
+        # product with the rows W[y], not another pass over the vocabulary); +inf off the scored tokens (p = 0 there).
+        z_y = (h * weight[call.tokens].to(dtype)).sum(dim=-1)
+        if bias is not None:
+            z_y = z_y + bias[call.tokens].to(dtype)
+        lse = torch.where(call.mask.bool(), z_y / call.params.temperature - self.logp.detach().to(dtype), torch.inf)
+        parts = dict(h=h, y=call.tokens, m=self.mask & call.mask.bool(), weight=weight, bias=bias,
+                     tau=call.params.temperature, lse=lse)  # fmt: skip
         out: list[tuple[nn.Parameter, core._Contribution]] = []
         if head.weight.requires_grad:
             out.append((head.weight, core._Head(**parts)))
@@ -240,7 +247,9 @@ class GhostPass(core.GhostPass):
         if not prompt or not joined:
             return out
         inverse = view.inverse
-        slots, rank = _group_slots(inverse, view.before[0].shape[0])
+        slots = _group_slots(inverse, view.before[0].shape[0])
+        N = inverse.numel()
+        dest = torch.where(slots >= 0, slots, N)  # [G_max, U]: the row each backward's row u lands in (N: nowhere)
         per_rank = []
         for k in range(slots.shape[0]):  # the k-th row of every group at once (U rows: one prompt backward)
             cot = [_take(d, slots[k]) for _, d in joined]
@@ -251,8 +260,15 @@ class GhostPass(core.GhostPass):
             if all(p is None for p in parts):
                 out.append((call, None, inverse))
                 continue
-            stacked = torch.stack([torch.zeros_like(call.output) if p is None else p for p in parts])  # [G, U, ...]
-            out.append((call, stacked[rank, inverse], inverse))  # row i: its rank's backward at its prompt
+            # Row i: its rank's backward at its prompt, copied once into row order (one spare row takes the empty
+            # slots), so the per-row gradients are never held twice.
+            rows_of = call.output.new_empty((N + 1, *call.output.shape[1:]))
+            for k, part in enumerate(parts):
+                if part is None:
+                    rows_of.index_fill_(0, dest[k], 0.0)
+                else:
+                    rows_of.index_copy_(0, dest[k], part.to(rows_of.dtype))
+            out.append((call, rows_of[:N], inverse))
         return out
 
 
@@ -292,14 +308,14 @@ def _shared_logp_fn(batch: TokenBatchLike, score: dict[str, Any], observe: Any) 
     return logp_fn
 
 
-def _group_slots(inverse: Tensor, U: int) -> tuple[Tensor, Tensor]:
-    """(slots [G_max, U]: the row that is the k-th of prompt u's group, or −1; rank [N]: each row's k)."""
+def _group_slots(inverse: Tensor, U: int) -> Tensor:
+    """slots [G_max, U]: the row that is the k-th of prompt u's group, or −1."""
     N = inverse.numel()
     counts = torch.bincount(inverse, minlength=U)
     rank = rank_in_group(inverse)
     slots = torch.full((int(counts.max()), U), -1, dtype=torch.long, device=inverse.device)  # one host read
     slots[rank, inverse] = torch.arange(N, device=inverse.device)
-    return slots, rank
+    return slots
 
 
 def _take(d: Tensor, idx: Tensor) -> Tensor:
