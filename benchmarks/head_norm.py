@@ -33,14 +33,14 @@ def timed_ms(fn, repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="64,256,1024", help="response lengths T, comma-separated")
     parser.add_argument("--vocab", type=int, default=49_152)
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     V, H = args.vocab, args.hidden
@@ -60,6 +60,7 @@ def main() -> None:
         pick = "kernel" if core._head_uses_kernel(head, "auto") else "materialized"
         diff = float((kernel - materialized).abs().max() / materialized.abs().max())
         print(f"{T:>6} {k_ms:>10.1f} {m_ms:>16.1f} {k_ms / m_ms:>6.2f}x {pick:>13} {diff:>9.1e} {lse_ms:>12.1f}")
+    return 0
 
 
 if __name__ == "__main__":
