@@ -132,6 +132,54 @@ def test_vocabulary_chunks_give_the_one_pass_gradient(name: str, model64, batch,
         assert metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-10, abs=1e-12), extra
 
 
+def _counting_forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the learner's micro-batch forwards (values pass and gradient pass alike)."""
+    calls: list[int] = []
+    real = Learner._micro_forward
+    monkeypatch.setattr(Learner, "_micro_forward", lambda self, mb, **kw: calls.append(1) or real(self, mb, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["grpo", "seq_tis+ess_lr", "m2po"])
+def test_a_loss_that_reads_each_row_alone_skips_the_values_pass(name: str, model64, batch, monkeypatch) -> None:
+    """GRPO, the default method and M2PO on this batch (its second moment stays under τ, so no token is masked):
+    each micro-batch is forwarded once, its ∂L/∂logp taken with the rows not forwarded yet at μ, and the gradient
+    and the loss are the one-pass ones to 1e-10."""
+    full, full_metrics = _raw_grad(model64, name, batch)
+    calls = _counting_forwards(monkeypatch)
+    micro, metrics = _raw_grad(model64, name, batch, microbatch_tokens=_budgets(batch[0])["mixed"])
+    assert metrics["train/values_pass"] == 0.0
+    assert len(calls) == metrics["train/microbatches"] > 1  # one forward a micro-batch, not two
+    assert float((micro - full).norm() / full.norm()) < 1e-10
+    assert metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-10, abs=1e-12)
+
+
+def test_a_loss_that_mixes_rows_is_corrected_then_runs_the_values_pass(model64, batch, monkeypatch) -> None:
+    """rollout_is divides its weights by their batch mean, so a row's ∂L/∂logp depends on the other rows' values: the
+    speculative micro-batches are found wrong at the step's first read, the difference is backpropagated (the
+    gradient is still the one-pass one to 1e-10), and the learner's later steps run the values pass."""
+    name, budget = "rollout_is", _budgets(batch[0])["mixed"]
+    full, _ = _raw_grad(model64, name, batch)
+    calls = _counting_forwards(monkeypatch)
+    spec = resolve_method(name)
+    learner = Learner(model=copy.deepcopy(model64), method=spec, controllers=build_controllers(spec), lr=1e-3,
+                      optim=OptimConfig(microbatch_tokens=budget), log=lambda _: None)  # fmt: skip
+    out = learner.step(*batch)
+    M = int(out.metrics["train/microbatches"])
+    assert out.metrics["train/values_pass"] == 1.0 and not learner._speculate
+    assert M < len(calls) <= 2 * M  # one forward a micro-batch, then one more for each corrected one
+    assert learner.prev_grad is not None
+    micro = torch.cat([g.reshape(-1) for g in learner.prev_grad])
+    assert float((micro - full).norm() / full.norm()) < 1e-10
+    calls.clear()
+    assert learner.step(*batch).metrics["train/values_pass"] == 1.0
+    assert len(calls) == 2 * M  # the values pass, then the gradient pass
+    resumed = Learner(model=copy.deepcopy(model64), method=spec, controllers=build_controllers(spec), lr=1e-3,
+                      optim=OptimConfig(microbatch_tokens=budget), log=lambda _: None)  # fmt: skip
+    resumed.load_state_dict(learner.state_dict())
+    assert not resumed._speculate  # a resumed run keeps the verdict, so its steps are the uninterrupted run's
+
+
 def test_a_budget_that_fits_the_batch_runs_one_pass(model64, batch) -> None:
     N = batch[0].response_ids.shape[0]
     width = batch[0].prompt_ids.shape[1] + batch[0].response_ids.shape[1]

@@ -293,7 +293,8 @@ class OptimConfig(_Section):
         description="Token budget of one forward/backward "
         "(rows × padded prompt+response length); the optimizer step's batch is "
         "split into micro-batches that fit and the gradient is accumulated exactly "
-        "(steadyrl.train.microbatch; docs/scale.md). None: one pass. VCPO/OPOB's "
+        "(steadyrl.train.microbatch; docs/scale.md): one forward per micro-batch when no row's "
+        "loss gradient reads another row's log-probs (checked every step), else two. None: one pass. VCPO/OPOB's "
         "gradient-norm pass splits itself further past optim.norm_pass_logits.",
     )
     norm_pass_logits: int = Field(

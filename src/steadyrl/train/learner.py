@@ -64,7 +64,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -195,6 +197,8 @@ class Learner:
         self.version = 0
         self._prox_version: int | None = None  # version at which this step's π_prox was recomputed (None: not)
         self._prev_grad: list[Tensor] | None = None
+        self._speculate = True  # micro-batches skip their values pass until a step finds the loss mixing rows
+        self._speculation: _Speculation | None = None  # the last speculative step's check, read with its loss
         # a controller that keeps the previous raw gradient anyway (GAC with prev="raw"): no second copy
         self._prev_keeper = next((c for c in self.controllers if getattr(c, "keeps_raw_prev", False)), None)
         self.term_keys = tuple(k for k in self.needs if k in VOCAB_TERMS)
@@ -233,10 +237,12 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer, version, previous gradient and controller states (the model's weights are saved apart)."""
+        """Optimizer, version, previous gradient and controller states, whether micro-batches still skip their values
+        pass (the model's weights are saved apart)."""
         return {
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
+            "speculate": self._speculate,
             "prev_grad": self._prev_grad,
             "controllers": [c.state_dict() for c in self.controllers],
             "critic": None if self.critic is None else self.critic.state_dict(),
@@ -249,6 +255,7 @@ class Learner:
         device = self.placement.device
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
+        self._speculate = bool(state.get("speculate", True))  # absent from checkpoints written before it existed
         self._prev_grad = parts_like(to_device(state["prev_grad"], device), self.params)
         for controller, cstate in zip(self.controllers, state["controllers"], strict=True):
             controller.load_state_dict(to_device(cstate, device))
@@ -617,12 +624,17 @@ class Learner:
         micro-batch ``backward(∂L/∂logp)`` (and ∂L/∂hidden for a critic that trains the trunk); returns as
         :meth:`_full_backward`. ``values_plan``: step 1's own row sets (OPOB's norm pass, :meth:`_norm_plan`);
         None: ``plan``."""
+        if self._speculates(extras, values_plan):
+            return self._speculative_backward(sub, rewards, extras, plan)
         logp_values, norms, hidden_values, term_values = self._micro_values(sub, values_plan or plan, extras)
         logp = logp_values.requires_grad_()
         hidden = None if hidden_values is None else hidden_values.requires_grad_()
         terms = {k: v.requires_grad_() for k, v in term_values.items()}
         loss, loss_metrics, metrics = self._loss(sub, rewards, {**extras, **terms}, logp, norms, hidden)
-        host = {"train/microbatches": float(len(plan))}
+        prox = extras.get("prox_logp")
+        reused = prox is not None and self._prox_version == self.version and values_plan is None and not (
+            "grad_sq_norms" in self.needs or self.critic is not None or self.term_keys)  # fmt: skip
+        host = {"train/microbatches": float(len(plan)), "train/values_pass": 0.0 if reused else 1.0}
         if values_plan is not None:
             host["train/norm_microbatches"] = float(len(values_plan))
         loss.backward()  # ∂L/∂logp, ∂L/∂hidden, ∂L/∂term into the leaves; the critic head's own gradient into .grad
@@ -647,6 +659,80 @@ class Learner:
                 grads.append(take_rows(g, rows, width).to(mb_terms[key].dtype))
             torch.autograd.backward(tensors, grads)
         return loss_metrics, metrics, host, loss.detach()
+
+    def _speculates(self, extras: Mapping[str, Tensor | None], values_plan: Sequence[Tensor] | None) -> bool:
+        """Whether the micro-batches may skip step 1 (:meth:`_speculative_backward`): the loss reads log-probs only
+        (no OPOB norms, critic hidden states or vocabulary terms), π_prox was not just recomputed (step 1 is free
+        then), and no earlier step of this learner found its loss mixing rows."""
+        prox = extras.get("prox_logp")
+        fresh = prox is not None and self._prox_version == self.version
+        return (self._speculate and values_plan is None and not fresh and self.critic is None and not self.term_keys
+                and "grad_sq_norms" not in self.needs)  # fmt: skip
+
+    def _speculative_backward(
+        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], plan: Sequence[Tensor]
+    ) -> tuple[Mapping[str, Tensor], dict[str, Tensor], dict[str, float], Tensor]:
+        """Steps 1–3 of :mod:`steadyrl.train.microbatch` with one forward per micro-batch instead of two.
+
+        Micro-batch k's forward (with grad) gives its log-probs; the loss is taken on the whole batch with the values
+        known so far (the rows not forwarded yet hold μ's log-probs), and a_k = ∂L/∂logp at its rows is
+        backpropagated at once. When no row's a depends on another row's log-prob values (GRPO, sequence TIS with
+        the ESS step size, ...), a_k equals step 2's a at those rows, so the gradient is the two-pass one. The loss
+        is then taken once more with every true value (its metrics, and step 2's a), and the two are compared
+        element by element; the comparison is read to the host with the step's loss (:meth:`_optimizer_step`), and
+        where a micro-batch's a_k differs, :meth:`_correct` backpropagates the difference (exact by linearity) and
+        this learner runs step 1 from then on.
+        """
+        mask = sub.response_mask.bool()
+        values: Tensor | None = None
+        used: list[tuple[Tensor, Tensor]] = []
+        for rows in plan:
+            mb = sub.select(rows)
+            width = mb.response_ids.shape[1]
+            with self._forward_context(grad=True):
+                mb_logp, _, _ = self._micro_forward(mb)
+            if values is None:  # the rows not forwarded yet: their behavior log-probs
+                values = torch.where(mask, sub.behav_logp.to(mb_logp.dtype), 0.0)
+            values[rows, :width] = mb_logp.detach()
+            a_mb = take_rows(self._logp_grad(sub, rewards, extras, values.clone(), quiet=True)[0], rows, width)
+            torch.autograd.backward(mb_logp, a_mb.to(mb_logp.dtype))
+            used.append((rows, a_mb))
+        assert values is not None
+        a, loss, loss_metrics, metrics = self._logp_grad(sub, rewards, extras, values, quiet=False)
+        differs = torch.stack([_differs(take_rows(a, rows, a_mb.shape[1]), a_mb) for rows, a_mb in used])
+        self._speculation = _Speculation(sub=sub, used=used, a=a, differs=differs)
+        host = {"train/microbatches": float(len(plan)), "train/values_pass": 0.0}
+        return loss_metrics, metrics, host, loss
+
+    def _logp_grad(
+        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], values: Tensor, *, quiet: bool
+    ) -> tuple[Tensor, Tensor, Mapping[str, Tensor], dict[str, Tensor]]:
+        """(∂L/∂logp at ``values``, the loss, its metrics, the step's metrics): the method's loss on a leaf; no
+        parameter's ``.grad`` changes. ``quiet``: the loss's warnings are not shown (a speculative evaluation; the
+        final one shows them)."""
+        leaf = values.requires_grad_()
+        with warnings.catch_warnings():
+            if quiet:
+                warnings.simplefilter("ignore")
+            loss, loss_metrics, metrics = self._loss(sub, rewards, extras, leaf, None, None)
+        (a,) = torch.autograd.grad(loss, leaf, allow_unused=True) if loss.requires_grad else (None,)
+        return (torch.zeros_like(values) if a is None else a), loss.detach(), loss_metrics, metrics
+
+    def _correct(self, speculation: _Speculation) -> None:
+        """Backpropagate a − a_k through every micro-batch whose speculative a_k differed from step 2's a, and run
+        step 1 from now on (this method's loss mixes rows)."""
+        self._speculate = False
+        self.log("[steadyrl] this method's loss mixes rows' log-probs: micro-batches run their values pass from now "
+                 "on (optim.microbatch_tokens)")  # fmt: skip
+        sub = speculation.sub
+        for (rows, a_mb), wrong in zip(speculation.used, speculation.differs.tolist(), strict=True):
+            if not wrong:
+                continue
+            mb = sub.select(rows)
+            with self._forward_context(grad=True):
+                mb_logp, _, _ = self._micro_forward(mb)
+            fix = take_rows(speculation.a, rows, a_mb.shape[1]) - a_mb
+            torch.autograd.backward(mb_logp, fix.to(mb_logp.dtype))
 
     def _rac_backward(self, delayed: DelayedRewards) -> dict[str, Tensor]:
         """RAC (arXiv 2606.27580) on the rows whose true reward arrived: c_i from r_slow, b and the sequence ratio
@@ -698,7 +784,16 @@ class Learner:
         if rac is not None:  # the late rewards' correction joins this step's gradient
             tensors |= self._rac_backward(rac)
         grad = grad_parts(self.params)
-        loss_value, norm = host_values([loss, torch.nn.utils.get_total_norm(grad)])  # ‖g‖ before controllers
+        speculation, self._speculation = self._speculation, None
+        reads = [loss, torch.nn.utils.get_total_norm(grad)]  # ‖g‖ before controllers
+        if speculation is not None:  # whether a micro-batch's speculative ∂L/∂logp was not step 2's
+            reads.append(speculation.differs.any())
+        loss_value, norm, *wrong = host_values(reads)
+        if wrong and wrong[0] and math.isfinite(loss_value):  # (a non-finite loss skips the step anyway)
+            self._correct(speculation)  # type: ignore[arg-type]
+            metrics["train/values_pass"] = 1.0
+            grad = grad_parts(self.params)
+            (norm,) = host_values([torch.nn.utils.get_total_norm(grad)])
         if not (math.isfinite(loss_value) and math.isfinite(norm)):
             metrics |= _read(tensors)
             metrics |= {"train/skipped": 1.0, "lr": lr}
@@ -762,6 +857,22 @@ _OLD_VALUES = "old_values"
 _OLD_LOGP = "old_logp"
 #: Key of the post-clip gradient norm in the step's read (not a metric).
 _TOTAL = "__total_norm"
+
+
+@dataclass
+class _Speculation:
+    """A speculative micro-batched step (:meth:`Learner._speculative_backward`): the batch, each micro-batch's rows
+    with the a_k it backpropagated, step 2's a [N, T], and whether each a_k differs from a at its rows ``[M]``."""
+
+    sub: Rollouts
+    used: list[tuple[Tensor, Tensor]]
+    a: Tensor
+    differs: Tensor
+
+
+def _differs(a: Tensor, b: Tensor) -> Tensor:
+    """Whether two gradients differ anywhere (NaN where both are NaN counts as equal): a 0-dim bool tensor."""
+    return ((a != b) & ~(a.isnan() & b.isnan())).any()
 
 
 def _read(tensors: Mapping[str, Tensor]) -> dict[str, float]:

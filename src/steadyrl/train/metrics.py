@@ -22,6 +22,9 @@ Metric keys (namespaced by layer; the loss-level ones come from ``compute_loss``
 ``grad/norm``        ‖g‖ of the raw gradient, before controllers and clipping
 ``grad/cos_prev``    cos(g_t, g_{t−1}) of consecutive raw gradients (0 at the first step)
 ``train/skipped``    1 when a step was skipped for a non-finite loss, gradient or lr
+``train/*``          ``optim.microbatch_tokens``: ``microbatches`` per optimizer step, ``values_pass`` 1 when the
+                     step ran a separate no-grad forward for the loss's values (0: one forward a micro-batch,
+                     docs/scale.md), ``norm_microbatches`` for OPOB's norm pass
 ``grad/per_traj_*``  VCPO/OPOB: mean_i ‖∇θ log π(y_i)‖ (``grad/per_traj_norm_mean``); ``grad/fused`` 1 when the
                      step's gradient was assembled from the same backward as those norms (docs/algorithms.md, vcpo)
 ``vcpo/*``           ``ess_ratio`` and ``ess_scale`` (the ESS step size's lr factor), ``baseline_mean`` (OPOB)
