@@ -4,8 +4,8 @@ Each (rows, budget) point runs in a fresh subprocess: it builds the model and a 
 every response of full length), records the process's peak RSS, runs one learner step, and reports the growth of
 the peak RSS during the step (ru_maxrss is monotone, so the difference is the step's own peak above what was
 already allocated). With a budget the peak must stay bounded as the batch grows; without one it grows with it.
-Optionally also reports the step's wall time (the micro-batched step does one more no-grad forward unless
-π_prox is recomputed anyway).
+Optionally also reports the step's wall time (a micro-batched step forwards each micro-batch once when the
+method's loss reads each row alone, as ``seq_tis`` does, and twice otherwise, unless π_prox is recomputed anyway).
 
     .venv/bin/python benchmarks/microbatch_memory.py                        # the table of docs/scale.md
     .venv/bin/python benchmarks/microbatch_memory.py --rows 32,64 --budgets none,2048 --method grpo
