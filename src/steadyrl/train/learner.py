@@ -577,8 +577,8 @@ class Learner:
         vocabulary terms), no graph kept."""
         wants_norms, wants_hidden = "grad_sq_norms" in self.needs, self.critic is not None
         prox = extras.get("prox_logp")
-        if prox is not None and self._prox_version == self.version and not (wants_norms or wants_hidden or
-                                                                             self.term_keys):  # fmt: skip
+        if self._values_are_prox(extras):
+            assert prox is not None
             return prox.clone(), None, None, {}  # π_prox was just recomputed with these weights: the same values
         logps, norms, hiddens = [], [], []
         term_parts: dict[str, list[tuple[Tensor, Tensor]]] = {k: [] for k in self.term_keys}
@@ -631,9 +631,7 @@ class Learner:
         hidden = None if hidden_values is None else hidden_values.requires_grad_()
         terms = {k: v.requires_grad_() for k, v in term_values.items()}
         loss, loss_metrics, metrics = self._loss(sub, rewards, {**extras, **terms}, logp, norms, hidden)
-        prox = extras.get("prox_logp")
-        reused = prox is not None and self._prox_version == self.version and values_plan is None and not (
-            "grad_sq_norms" in self.needs or self.critic is not None or self.term_keys)  # fmt: skip
+        reused = values_plan is None and self._values_are_prox(extras)
         host = {"train/microbatches": float(len(plan)), "train/values_pass": 0.0 if reused else 1.0}
         if values_plan is not None:
             host["train/norm_microbatches"] = float(len(values_plan))
@@ -660,14 +658,21 @@ class Learner:
             torch.autograd.backward(tensors, grads)
         return loss_metrics, metrics, host, loss.detach()
 
-    def _speculates(self, extras: Mapping[str, Tensor | None], values_plan: Sequence[Tensor] | None) -> bool:
-        """Whether the micro-batches may skip step 1 (:meth:`_speculative_backward`): the loss reads log-probs only
-        (no OPOB norms, critic hidden states or vocabulary terms), π_prox was not just recomputed (step 1 is free
-        then), and no earlier step of this learner found its loss mixing rows."""
+    def _reads_log_probs_only(self) -> bool:
+        """Whether the loss reads nothing from the forward but log-probs (no OPOB norms, critic hidden states or
+        vocabulary terms)."""
+        return "grad_sq_norms" not in self.needs and self.critic is None and not self.term_keys
+
+    def _values_are_prox(self, extras: Mapping[str, Tensor | None]) -> bool:
+        """Whether step 1's values are π_prox's, just recomputed with these weights (step 1 is free then)."""
         prox = extras.get("prox_logp")
-        fresh = prox is not None and self._prox_version == self.version
-        return (self._speculate and values_plan is None and not fresh and self.critic is None and not self.term_keys
-                and "grad_sq_norms" not in self.needs)  # fmt: skip
+        return prox is not None and self._prox_version == self.version and self._reads_log_probs_only()
+
+    def _speculates(self, extras: Mapping[str, Tensor | None], values_plan: Sequence[Tensor] | None) -> bool:
+        """Whether the micro-batches may skip step 1 (:meth:`_speculative_backward`): the loss reads log-probs only,
+        step 1 is not free anyway, and no earlier step of this learner found its loss mixing rows."""
+        return (self._speculate and values_plan is None and self._reads_log_probs_only()
+                and not self._values_are_prox(extras))  # fmt: skip
 
     def _speculative_backward(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], plan: Sequence[Tensor]
