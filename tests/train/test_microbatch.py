@@ -140,11 +140,12 @@ def _counting_forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("name", ["grpo", "seq_tis+ess_lr", "m2po"])
+@pytest.mark.parametrize("name", ["grpo", "seq_tis+ess_lr", "m2po", "adaptive_entropy", "score_centering"])
 def test_a_loss_that_reads_each_row_alone_skips_the_values_pass(name: str, model64, batch, monkeypatch) -> None:
-    """GRPO, the default method and M2PO on this batch (its second moment stays under τ, so no token is masked):
-    each micro-batch is forwarded once, its ∂L/∂logp taken with the rows not forwarded yet at μ, and the gradient
-    and the loss are the one-pass ones to 1e-10."""
+    """GRPO, the default method, M2PO on this batch (its second moment stays under τ, so no token is masked), an
+    entropy bonus and score centering (vocabulary terms with gradient): each micro-batch is forwarded once, its
+    ∂L/∂logp (and ∂L/∂term) taken with the rows not forwarded yet at μ (terms at 0), and the gradient and the loss
+    are the one-pass ones to 1e-10."""
     full, full_metrics = _raw_grad(model64, name, batch)
     calls = _counting_forwards(monkeypatch)
     micro, metrics = _raw_grad(model64, name, batch, microbatch_tokens=_budgets(batch[0])["mixed"])

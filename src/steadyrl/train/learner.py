@@ -669,59 +669,69 @@ class Learner:
         return prox is not None and self._prox_version == self.version and self._reads_log_probs_only()
 
     def _speculates(self, extras: Mapping[str, Tensor | None], values_plan: Sequence[Tensor] | None) -> bool:
-        """Whether the micro-batches may skip step 1 (:meth:`_speculative_backward`): the loss reads log-probs only,
-        step 1 is not free anyway, and no earlier step of this learner found its loss mixing rows."""
-        return (self._speculate and values_plan is None and self._reads_log_probs_only()
-                and not self._values_are_prox(extras))  # fmt: skip
+        """Whether the micro-batches may skip step 1 (:meth:`_speculative_backward`): the loss reads log-probs and
+        vocabulary terms only (no OPOB norms, no critic hidden states), step 1 is not free anyway, and no earlier step
+        of this learner found its loss mixing rows."""
+        return (self._speculate and values_plan is None and "grad_sq_norms" not in self.needs
+                and self.critic is None and not self._values_are_prox(extras))  # fmt: skip
 
     def _speculative_backward(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], plan: Sequence[Tensor]
     ) -> tuple[Mapping[str, Tensor], dict[str, Tensor], dict[str, float], Tensor]:
         """Steps 1–3 of :mod:`steadyrl.train.microbatch` with one forward per micro-batch instead of two.
 
-        Micro-batch k's forward (with grad) gives its log-probs; the loss is taken on the whole batch with the values
-        known so far (the rows not forwarded yet hold μ's log-probs), and a_k = ∂L/∂logp at its rows is
-        backpropagated at once. When no row's a depends on another row's log-prob values (GRPO, sequence TIS with
-        the ESS step size, ...), a_k equals step 2's a at those rows, so the gradient is the two-pass one. The loss
-        is then taken once more with every true value (its metrics, and step 2's a), and the two are compared
-        element by element; the comparison is read to the host with the step's loss (:meth:`_optimizer_step`), and
-        where a micro-batch's a_k differs, :meth:`_correct` backpropagates the difference (exact by linearity) and
-        this learner runs step 1 from then on.
+        Micro-batch k's forward (with grad) gives its log-probs (and vocabulary terms); the loss is taken on the
+        whole batch with the values known so far (the rows not forwarded yet hold μ's log-probs and terms of 0), and
+        a_k = ∂L/∂logp (and ∂L/∂term) at its rows is backpropagated at once. When no row's a depends on another
+        row's values (GRPO, sequence TIS with the ESS step size, an entropy bonus, ...), a_k equals step 2's a at
+        those rows, so the gradient is the two-pass one. The loss is then taken once more with every true value (its
+        metrics, and step 2's a), and the two are compared element by element; the comparison is read to the host
+        with the step's loss (:meth:`_optimizer_step`), and where a micro-batch's a_k differs, :meth:`_correct`
+        backpropagates the difference (exact by linearity) and this learner runs step 1 from then on.
         """
         mask = sub.response_mask.bool()
-        values: Tensor | None = None
-        used: list[tuple[Tensor, Tensor]] = []
+        values: dict[str, Tensor] = {}  # _LOGP and each vocabulary term: [N, T], the values known so far
+        used: list[tuple[Tensor, dict[str, Tensor]]] = []
         for rows in plan:
             mb = sub.select(rows)
             width = mb.response_ids.shape[1]
             with self._forward_context(grad=True):
-                mb_logp, _, _ = self._micro_forward(mb)
-            if values is None:  # the rows not forwarded yet: their behavior log-probs
-                values = torch.where(mask, sub.behav_logp.to(mb_logp.dtype), 0.0)
-            values[rows, :width] = mb_logp.detach()
-            a_mb = take_rows(self._logp_grad(sub, rewards, extras, values.clone(), quiet=True)[0], rows, width)
-            torch.autograd.backward(mb_logp, a_mb.to(mb_logp.dtype))
+                mb_logp, _, mb_terms = self._micro_forward(mb)
+            outputs = {_LOGP: mb_logp, **mb_terms}
+            if not values:  # the rows not forwarded yet: their behavior log-probs, terms of 0
+                values = {key: torch.zeros(mask.shape, dtype=out.dtype, device=out.device)
+                          for key, out in outputs.items()}  # fmt: skip
+                values[_LOGP] = torch.where(mask, sub.behav_logp.to(mb_logp.dtype), values[_LOGP])
+            for key, out in outputs.items():
+                values[key][rows, :width] = out.detach()
+            grads = self._leaf_grads(sub, rewards, extras, {k: v.clone() for k, v in values.items()}, quiet=True)[0]
+            a_mb = {key: take_rows(g, rows, width) for key, g in grads.items()}
+            torch.autograd.backward([outputs[k] for k in a_mb], [g.to(outputs[k].dtype) for k, g in a_mb.items()])
             used.append((rows, a_mb))
-        assert values is not None
-        a, loss, loss_metrics, metrics = self._logp_grad(sub, rewards, extras, values, quiet=False)
-        differs = torch.stack([_differs(take_rows(a, rows, a_mb.shape[1]), a_mb) for rows, a_mb in used])
+        a, loss, loss_metrics, metrics = self._leaf_grads(sub, rewards, extras, values, quiet=False)
+        differs = torch.stack([torch.stack([_differs(take_rows(a[k], rows, g.shape[1]), g) for k, g in a_mb.items()])
+                               .any() for rows, a_mb in used])  # fmt: skip
         self._speculation = _Speculation(sub=sub, used=used, a=a, differs=differs)
         host = {"train/microbatches": float(len(plan)), "train/values_pass": 0.0}
         return loss_metrics, metrics, host, loss
 
-    def _logp_grad(
-        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], values: Tensor, *, quiet: bool
-    ) -> tuple[Tensor, Tensor, Mapping[str, Tensor], dict[str, Tensor]]:
-        """(∂L/∂logp at ``values``, the loss, its metrics, the step's metrics): the method's loss on a leaf; no
-        parameter's ``.grad`` changes. ``quiet``: the loss's warnings are not shown (a speculative evaluation; the
-        final one shows them)."""
-        leaf = values.requires_grad_()
+    def _leaf_grads(
+        self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], values: dict[str, Tensor], *,
+        quiet: bool,
+    ) -> tuple[dict[str, Tensor], Tensor, Mapping[str, Tensor], dict[str, Tensor]]:  # fmt: skip
+        """(∂L/∂logp and ∂L/∂term at ``values`` (keys :data:`_LOGP` and the vocabulary terms), the loss, its metrics,
+        the step's metrics): the method's loss on leaves; no parameter's ``.grad`` changes. ``quiet``: the loss's
+        warnings are not shown (a speculative evaluation; the final one shows them)."""
+        leaves = {key: v.requires_grad_() for key, v in values.items()}
+        terms = {key: v for key, v in leaves.items() if key != _LOGP}
         with warnings.catch_warnings():
             if quiet:
                 warnings.simplefilter("ignore")
-            loss, loss_metrics, metrics = self._loss(sub, rewards, extras, leaf, None, None)
-        (a,) = torch.autograd.grad(loss, leaf, allow_unused=True) if loss.requires_grad else (None,)
-        return (torch.zeros_like(values) if a is None else a), loss.detach(), loss_metrics, metrics
+            loss, loss_metrics, metrics = self._loss(sub, rewards, {**extras, **terms}, leaves[_LOGP], None, None)
+        grads = (torch.autograd.grad(loss, list(leaves.values()), allow_unused=True) if loss.requires_grad
+                 else (None,) * len(leaves))  # fmt: skip
+        out = {key: torch.zeros_like(v) if g is None else g for (key, v), g in zip(leaves.items(), grads, strict=True)}
+        return out, loss.detach(), loss_metrics, metrics
 
     def _correct(self, speculation: _Speculation) -> None:
         """Backpropagate a − a_k through every micro-batch whose speculative a_k differed from step 2's a, and run
@@ -735,9 +745,10 @@ class Learner:
                 continue
             mb = sub.select(rows)
             with self._forward_context(grad=True):
-                mb_logp, _, _ = self._micro_forward(mb)
-            fix = take_rows(speculation.a, rows, a_mb.shape[1]) - a_mb
-            torch.autograd.backward(mb_logp, fix.to(mb_logp.dtype))
+                mb_logp, _, mb_terms = self._micro_forward(mb)
+            outputs = {_LOGP: mb_logp, **mb_terms}
+            fixes = [(take_rows(speculation.a[k], rows, g.shape[1]) - g).to(outputs[k].dtype) for k, g in a_mb.items()]
+            torch.autograd.backward([outputs[k] for k in a_mb], fixes)
 
     def _rac_backward(self, delayed: DelayedRewards) -> dict[str, Tensor]:
         """RAC (arXiv 2606.27580) on the rows whose true reward arrived: c_i from r_slow, b and the sequence ratio
@@ -862,16 +873,19 @@ _OLD_VALUES = "old_values"
 _OLD_LOGP = "old_logp"
 #: Key of the post-clip gradient norm in the step's read (not a metric).
 _TOTAL = "__total_norm"
+#: Key of the log-probs among the leaves of a speculative micro-batched step (beside the vocabulary terms' keys).
+_LOGP = "__logp"
 
 
 @dataclass
 class _Speculation:
     """A speculative micro-batched step (:meth:`Learner._speculative_backward`): the batch, each micro-batch's rows
-    with the a_k it backpropagated, step 2's a [N, T], and whether each a_k differs from a at its rows ``[M]``."""
+    with the a_k it backpropagated (per leaf: log-probs, vocabulary terms), step 2's a [N, T] per leaf, and whether
+    each micro-batch's a_k differs from a at its rows ``[M]``."""
 
     sub: Rollouts
-    used: list[tuple[Tensor, Tensor]]
-    a: Tensor
+    used: list[tuple[Tensor, dict[str, Tensor]]]
+    a: dict[str, Tensor]
     differs: Tensor
 
 

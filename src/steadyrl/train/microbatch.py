@@ -14,10 +14,10 @@ summing the pieces is exact only for some of them. The learner therefore splits 
 
 Step 1 costs one no-grad forward per optimizer step; when the learner has just recomputed π_prox with the same
 weights (``recompute_prox``, or several updates per batch, at the first one) those values are reused and step 1 is
-free. A loss that reads only log-probs usually skips it: the learner forwards each micro-batch once and takes a at
-its rows from the loss on the values known so far, then checks every a against step 2's and backpropagates any
-difference (:meth:`steadyrl.train.learner.Learner._speculative_backward`; metric ``train/values_pass``). The forward
-must be deterministic (no dropout), as in RL fine-tuning.
+free. A loss that reads only log-probs and vocabulary terms usually skips it: the learner forwards each micro-batch
+once and takes a at its rows from the loss on the values known so far, then checks every a against step 2's and
+backpropagates any difference (:meth:`steadyrl.train.learner.Learner._speculative_backward`; metric
+``train/values_pass``). The forward must be deterministic (no dropout), as in RL fine-tuning.
 
 A micro-batch costs rows × (longest prompt + longest response among its rows) tokens (padding is trimmed per
 micro-batch); rows are packed longest first, greedily, so a budget of B tokens bounds every forward's activations.
