@@ -15,22 +15,17 @@ timing (the time of that vocabulary pass, no longer run, is printed beside them)
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+from collections.abc import Callable
 
 import torch
 
 from steadyrl.core import grad_norms as core
+from timing import timed
 
 
-def timed_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def timed_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds of ``repeats`` calls after one untimed call (:func:`timing.timed`)."""
+    return timed(fn, repeats=repeats).median * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:

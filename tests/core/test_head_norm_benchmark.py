@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.benchmark_scripts import load_benchmark
+from tests.benchmark_scripts import BENCHMARKS, load_benchmark
 
 
-def test_tiny_run_agrees_and_switches_at_the_hidden_size(capsys: pytest.CaptureFixture[str]) -> None:
+def test_tiny_run_agrees_and_switches_at_the_hidden_size(capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import their shared ``timing`` module
     bench = load_benchmark("head_norm")
     assert bench.main(["--tokens", "4,64", "--vocab", "300", "--hidden", "16", "--threads", "1", "--repeats", "1"]) == 0
     rows = {int(line.split()[0]): line.split() for line in capsys.readouterr().out.splitlines()

@@ -371,7 +371,7 @@ def test_the_output_layer_enters_the_norms_in_vocabulary_chunks(tokenizer, monke
             recorded.accumulate_grad(coef)
     assembled = [p.grad.clone() for p in params]
     model.zero_grad(set_to_none=True)
-    monkeypatch.setattr(core, "_head_chunk", lambda c: 7)
+    monkeypatch.setattr(core, "_head_chunk", lambda c, width=None: 7)
     direct = []
     real_forward = nn.Linear.forward
     monkeypatch.setattr(nn.Linear, "forward",

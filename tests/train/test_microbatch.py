@@ -92,6 +92,12 @@ def _budgets(rollouts: Rollouts) -> dict[str, int]:
     return {"one_row": 1, "mixed": 5 * longest}
 
 
+#: Presets whose micro-batches run the values pass on this batch: OPOB's norms or a critic's hidden states (never
+#: one forward a micro-batch), or a loss whose ∂L/∂logp at a row reads other rows' values (found and corrected at the
+#: first step: a batch-normalized weight, a kept-token denominator, group statistics of π's values).
+VALUES_PASS = {"vcpo", "opob", "copc", "brace", "geo_mis", "kl_in_reward", "otb", "rollout_is"}
+
+
 @pytest.mark.parametrize("name", [p.name for p in PRESETS])
 def test_microbatched_gradient_equals_the_full_batch_gradient(name: str, model64, batch) -> None:
     full, full_metrics = _raw_grad(model64, name, batch)
@@ -99,6 +105,7 @@ def test_microbatched_gradient_equals_the_full_batch_gradient(name: str, model64
     for label, budget in _budgets(batch[0]).items():
         micro, metrics = _raw_grad(model64, name, batch, microbatch_tokens=budget)
         assert metrics["train/microbatches"] > 1, label
+        assert metrics["train/values_pass"] == float(name in VALUES_PASS), label  # one forward a micro-batch else
         rel = float((micro - full).norm() / full.norm())
         assert rel < 1e-10, (label, rel)
         assert metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-10, abs=1e-12), label

@@ -668,11 +668,12 @@ def _param_sq_norm(
     return G.square().sum(dim=1)
 
 
-def _head_chunk(c: _Head) -> int:
-    """Vocabulary rows per chunk: N·T·chunk logits at most ``vocab_chunks.DEFAULT_CHUNK_ELEMENTS``."""
+def _head_chunk(c: _Head, width: int | None = None) -> int:
+    """Vocabulary rows per chunk: N·width·chunk elements at most ``vocab_chunks.DEFAULT_CHUNK_ELEMENTS`` (``width``:
+    T by default, the [N, T, chunk] logits; the materialized form also holds [N, chunk, H])."""
     from steadyrl.core.vocab_chunks import DEFAULT_CHUNK_ELEMENTS
 
-    return max(1, DEFAULT_CHUNK_ELEMENTS // max(1, c.h.shape[0] * c.h.shape[1]))
+    return max(1, DEFAULT_CHUNK_ELEMENTS // max(1, c.h.shape[0] * (c.h.shape[1] if width is None else width)))
 
 
 def _head_logits(c: _Head, rows: slice) -> Tensor:
@@ -757,7 +758,7 @@ def _head_materialized_sq_norm(c: _Head, embeddings: Sequence[_Outer]) -> Tensor
     N, T, H = c.h.shape
     V, lse = c.weight.shape[0], _head_lse(c)
     a = c.m.to(c.h.dtype) / c.tau  # [N, T]: m_t / τ
-    step = max(1, _head_chunk(c) * max(1, T) // max(T, 1 if c.of_bias else H, 1))  # [N, chunk, H] ≤ the budget too
+    step = _head_chunk(c, T if c.of_bias else max(T, H))  # [N, chunk, H] within the budget too
     rows_of = torch.arange(N, device=c.h.device).unsqueeze(1)
     total = c.h.new_zeros(N)
     for v0 in range(0, V, step):

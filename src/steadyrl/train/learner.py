@@ -29,7 +29,8 @@ Metrics of the optimizer steps of one learner step are aggregated: keys ending i
 Device and precision come from one :class:`~steadyrl.base.device.Placement` (batches are moved to its device, every
 forward runs under its autocast). With ``optim.microbatch_tokens`` an optimizer step whose batch exceeds the budget
 runs :mod:`steadyrl.train.microbatch`'s three passes instead of step 1's one forward: the loss still sees the whole
-batch, and the accumulated gradient is the one-pass gradient (metric ``train/microbatches``).
+batch, and the accumulated gradient is the one-pass gradient (metric ``train/microbatches``); where the loss reads each
+row alone, each micro-batch is forwarded once (checked every step, ``train/values_pass``).
 
 Vocabulary terms (:mod:`steadyrl.train.vocab_terms`): a method that needs a full-vocabulary term of π_θ with gradient
 (score centering's Σ_v sg(μ_v w_v) log π_θ(v), batch key ``centering``; the entropy H of an entropy bonus, batch key
@@ -198,7 +199,6 @@ class Learner:
         self._prox_version: int | None = None  # version at which this step's π_prox was recomputed (None: not)
         self._prev_grad: list[Tensor] | None = None
         self._speculate = True  # micro-batches skip their values pass until a step finds the loss mixing rows
-        self._speculation: _Speculation | None = None  # the last speculative step's check, read with its loss
         # a controller that keeps the previous raw gradient anyway (GAC with prev="raw"): no second copy
         self._prev_keeper = next((c for c in self.controllers if getattr(c, "keeps_raw_prev", False)), None)
         self.term_keys = tuple(k for k in self.needs if k in VOCAB_TERMS)
@@ -624,8 +624,6 @@ class Learner:
         micro-batch ``backward(∂L/∂logp)`` (and ∂L/∂hidden for a critic that trains the trunk); returns as
         :meth:`_full_backward`. ``values_plan``: step 1's own row sets (OPOB's norm pass, :meth:`_norm_plan`);
         None: ``plan``."""
-        if self._speculates(extras, values_plan):
-            return self._speculative_backward(sub, rewards, extras, plan)
         logp_values, norms, hidden_values, term_values = self._micro_values(sub, values_plan or plan, extras)
         logp = logp_values.requires_grad_()
         hidden = None if hidden_values is None else hidden_values.requires_grad_()
@@ -677,7 +675,7 @@ class Learner:
 
     def _speculative_backward(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], plan: Sequence[Tensor]
-    ) -> tuple[Mapping[str, Tensor], dict[str, Tensor], dict[str, float], Tensor]:
+    ) -> tuple[Mapping[str, Tensor], dict[str, Tensor], dict[str, float], Tensor, _Speculation]:
         """Steps 1–3 of :mod:`steadyrl.train.microbatch` with one forward per micro-batch instead of two.
 
         Micro-batch k's forward (with grad) gives its log-probs (and vocabulary terms); the loss is taken on the
@@ -687,7 +685,8 @@ class Learner:
         those rows, so the gradient is the two-pass one. The loss is then taken once more with every true value (its
         metrics, and step 2's a), and the two are compared element by element; the comparison is read to the host
         with the step's loss (:meth:`_optimizer_step`), and where a micro-batch's a_k differs, :meth:`_correct`
-        backpropagates the difference (exact by linearity) and this learner runs step 1 from then on.
+        backpropagates the difference (exact by linearity) and this learner runs step 1 from then on. Returns as
+        :meth:`_micro_backward`, and the check.
         """
         mask = sub.response_mask.bool()
         values: dict[str, Tensor] = {}  # _LOGP and each vocabulary term: [N, T], the values known so far
@@ -711,9 +710,8 @@ class Learner:
         a, loss, loss_metrics, metrics = self._leaf_grads(sub, rewards, extras, values, quiet=False)
         differs = torch.stack([torch.stack([_differs(take_rows(a[k], rows, g.shape[1]), g) for k, g in a_mb.items()])
                                .any() for rows, a_mb in used])  # fmt: skip
-        self._speculation = _Speculation(sub=sub, used=used, a=a, differs=differs)
         host = {"train/microbatches": float(len(plan)), "train/values_pass": 0.0}
-        return loss_metrics, metrics, host, loss
+        return loss_metrics, metrics, host, loss, _Speculation(sub=sub, used=used, a=a, differs=differs)
 
     def _leaf_grads(
         self, sub: Rollouts, rewards: Tensor, extras: Mapping[str, Tensor | None], values: dict[str, Tensor], *,
@@ -789,8 +787,11 @@ class Learner:
         if self.critic is not None:
             self.critic.zero_grad()
         plan, norm_plan = self._plan(sub), self._norm_plan(sub)
+        speculation: _Speculation | None = None
         if plan is None and norm_plan is None:
             loss_metrics, tensors, metrics, loss = self._full_backward(sub, rewards, extras)
+        elif plan is not None and self._speculates(extras, norm_plan):
+            loss_metrics, tensors, metrics, loss, speculation = self._speculative_backward(sub, rewards, extras, plan)
         else:
             every = [torch.arange(sub.response_ids.shape[0], device=sub.response_ids.device)]
             loss_metrics, tensors, metrics, loss = self._micro_backward(
@@ -800,13 +801,12 @@ class Learner:
         if rac is not None:  # the late rewards' correction joins this step's gradient
             tensors |= self._rac_backward(rac)
         grad = grad_parts(self.params)
-        speculation, self._speculation = self._speculation, None
         reads = [loss, torch.nn.utils.get_total_norm(grad)]  # ‖g‖ before controllers
         if speculation is not None:  # whether a micro-batch's speculative ∂L/∂logp was not step 2's
             reads.append(speculation.differs.any())
         loss_value, norm, *wrong = host_values(reads)
-        if wrong and wrong[0] and math.isfinite(loss_value):  # (a non-finite loss skips the step anyway)
-            self._correct(speculation)  # type: ignore[arg-type]
+        if speculation is not None and wrong[0] and math.isfinite(loss_value):  # (a non-finite loss skips anyway)
+            self._correct(speculation)
             metrics["train/values_pass"] = 1.0
             grad = grad_parts(self.params)
             (norm,) = host_values([torch.nn.utils.get_total_norm(grad)])
